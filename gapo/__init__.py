@@ -1,0 +1,1 @@
+"""GAPO: Group Adaptive Clipping Policy Optimization (framework-agnostic core)."""
