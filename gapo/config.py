@@ -1,0 +1,53 @@
+"""GAPOConfig: the single source of GAPO's knobs and their defaults (framework-agnostic)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from gapo.threshold import SCHEDULES, validate_clip_range
+
+
+@dataclass
+class GAPOConfig:
+    """GAPO's settings. In verl they live under `actor_rollout_ref.actor.policy_loss` (see
+    `gapo.verl_plugin.config.GAPOPolicyLossConfig`); the lower clip eps_low is verl's own
+    `actor_rollout_ref.actor.clip_ratio_low`, which GAPO never changes.
+
+    Attributes:
+        eps_high_max: the widest upper clip, given to rollouts whose group has one success (c = 1).
+            None means "use actor.clip_ratio_high", so a fixed-clip config turns into GAPO by changing
+            only the loss mode. Paper: 5e-3 (Qwen2.5-Math-1.5B, Llama-3.2-3B), 3e-4 (R1-Distill-1.5B),
+            0.28 at token level (DeepCoder recipe).
+        schedule: how eps_high falls from eps_high_max (c = 1) to eps_low (c = k): "linear" (the
+            paper's Eq. 11), "exp" (exponential in the advantage, same end points) or "constant"
+            (eps_high_max for everyone: the fixed asymmetric clip, as a baseline in the same code path).
+        success_threshold: a rollout counts as a success when its sequence reward (sum of its token-level
+            scores) is strictly greater than this. 0.5 splits binary {0, 1} rewards.
+        diagnostics: log the paper's per-c diagnostics (clip fraction and mean |ratio - 1| of
+            positive-advantage rollouts, per group success count c) every step.
+    """
+
+    eps_high_max: Optional[float] = None
+    schedule: str = "linear"
+    success_threshold: float = 0.5
+    diagnostics: bool = True
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"policy_loss.schedule={self.schedule!r} is not a GAPO schedule; choose one of {', '.join(SCHEDULES)}"
+            )
+        if self.eps_high_max is not None and not (math.isfinite(self.eps_high_max) and self.eps_high_max >= 0):
+            raise ValueError(f"policy_loss.eps_high_max must be a finite number >= 0 or null, got {self.eps_high_max}")
+        if not math.isfinite(self.success_threshold):
+            raise ValueError(f"policy_loss.success_threshold must be finite, got {self.success_threshold}")
+
+    def resolve_clips(self, clip_ratio_low: float, clip_ratio_high: Optional[float]) -> tuple[float, float]:
+        """(eps_low, eps_high_max) from verl's actor clip fields, validated together."""
+        eps_high_max = self.eps_high_max if self.eps_high_max is not None else clip_ratio_high
+        if eps_high_max is None:
+            raise ValueError("set actor_rollout_ref.actor.policy_loss.eps_high_max (or actor.clip_ratio_high) for GAPO")
+        validate_clip_range(clip_ratio_low, eps_high_max, self.schedule)
+        return clip_ratio_low, eps_high_max

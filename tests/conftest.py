@@ -1,0 +1,10 @@
+"""Shared fixtures; also makes sure `tests` is this project's folder, not the one verl installs."""
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
