@@ -15,3 +15,15 @@ from gapo.config import GAPOConfig
 @dataclass
 class GAPOPolicyLossConfig(PolicyLossConfig, GAPOConfig):
     """verl's policy-loss settings plus GAPO's (see `gapo.config.GAPOConfig` for the GAPO attributes)."""
+
+
+def resolve_gapo_clips(actor, settings: GAPOConfig) -> tuple[float, float]:
+    """(eps_low, eps_high_max) from an actor config (ActorConfig or its DictConfig node) and GAPO's settings.
+
+    eps_low is verl's clip_ratio_low (falling back to clip_ratio, as verl's own losses do); eps_high_max is
+    policy_loss.eps_high_max, or clip_ratio_high when that is null.
+    """
+    low, high = actor.get("clip_ratio_low"), actor.get("clip_ratio_high")
+    return settings.resolve_clips(
+        low if low is not None else actor.clip_ratio, high if high is not None else actor.clip_ratio
+    )

@@ -28,6 +28,7 @@ from gapo.surrogate import (
     token_clipped_surrogate,
 )
 from gapo.threshold import adaptive_eps_high
+from gapo.verl_plugin.config import resolve_gapo_clips
 
 NUM_CORRECT_KEY = "gapo_num_correct"
 GROUP_SIZE_KEY = "gapo_group_size"
@@ -97,9 +98,7 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     if stats.num_correct.shape[0] != log_prob.shape[0]:
         raise RuntimeError(f"group statistics for {stats.num_correct.shape[0]} rollouts, micro-batch of {log_prob.shape[0]}")
     settings = _gapo_settings(config, mode)
-    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
-    eps_low, eps_high_max = settings.resolve_clips(clip_low, clip_high)
+    eps_low, eps_high_max = resolve_gapo_clips(config, settings)
 
     num_correct = stats.num_correct.to(log_prob.device)
     eps_high_c = adaptive_eps_high(num_correct, stats.group_size.to(log_prob.device), eps_low, eps_high_max, settings.schedule)

@@ -1,0 +1,48 @@
+"""Start-up checks of a GAPO training config: each failure names the key and the fix, before any Ray work."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from verl.utils.config import omega_conf_to_dataclass
+
+from gapo.config import GAPOConfig
+from gapo.verl_plugin.config import resolve_gapo_clips
+from gapo.verl_plugin.losses import GAPO_LOSS_MODES
+
+GAPO_TRAINER_MODE = "gapo"
+POLICY_LOSS_TARGET = "gapo.verl_plugin.config.GAPOPolicyLossConfig"
+
+
+class GAPOConfigError(ValueError):
+    """A training config that cannot work with GAPO."""
+
+
+def validate_gapo_config(config: DictConfig) -> None:
+    """Raise GAPOConfigError for a config GAPO cannot train with. Baseline losses pass through unchecked."""
+    actor = config.actor_rollout_ref.actor
+    loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
+    if loss_mode not in GAPO_LOSS_MODES:
+        return
+    trainer_mode = config.trainer.v1.get("trainer_mode", "sync")
+    if not config.trainer.get("use_v1", True) or trainer_mode != GAPO_TRAINER_MODE:
+        raise GAPOConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} needs the GAPO trainer, but "
+            f"trainer.v1.trainer_mode={trainer_mode} (trainer.use_v1={config.trainer.get('use_v1', True)}): set "
+            f"trainer.use_v1=true trainer.v1.trainer_mode={GAPO_TRAINER_MODE} (configs/gapo_trainer.yaml does), "
+            "or pick a non-GAPO loss_mode"
+        )
+    target = actor.policy_loss.get("_target_", "")
+    if target != POLICY_LOSS_TARGET:
+        raise GAPOConfigError(
+            f"actor_rollout_ref.actor.policy_loss._target_={target!r} has no GAPO fields: set it to {POLICY_LOSS_TARGET}"
+        )
+    n = config.actor_rollout_ref.rollout.n
+    if n < 2:
+        raise GAPOConfigError(
+            f"actor_rollout_ref.rollout.n={n}: GAPO needs groups of at least 2 rollouts per prompt (the paper uses 8)"
+        )
+    try:
+        settings: GAPOConfig = omega_conf_to_dataclass(actor.policy_loss)
+        resolve_gapo_clips(actor, settings)
+    except (ValueError, TypeError) as err:
+        raise GAPOConfigError(f"invalid GAPO settings under actor_rollout_ref.actor: {err}") from err

@@ -1,0 +1,34 @@
+"""Entry point: `python -m recipe.main_gapo [--config-name NAME] [hydra overrides...]`.
+
+verl's own PPO entry point with GAPO's config (configs/gapo_trainer.yaml, extending verl's ppo_trainer)
+and GAPO's start-up checks; the training loop is verl's v1 trainer, run in mode `gapo`
+(`gapo.verl_plugin.trainer.GAPOTrainer`). Presets: `--config-name smoke_cpu` (tiny model on CPU).
+"""
+
+import os
+import sys
+
+import hydra
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+
+from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="gapo_trainer", version_base=None)
+def main(config):
+    auto_set_device(config)
+    try:
+        validate_gapo_config(config)
+    except GAPOConfigError as err:
+        sys.exit(f"GAPO config error: {err}")
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=TaskRunnerV1)
+
+
+if __name__ == "__main__":
+    main()
