@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig
 from verl.utils.config import omega_conf_to_dataclass
 
@@ -44,5 +45,6 @@ def validate_gapo_config(config: DictConfig) -> None:
     try:
         settings: GAPOConfig = omega_conf_to_dataclass(actor.policy_loss)
         resolve_gapo_clips(actor, settings)
-    except (ValueError, TypeError) as err:
-        raise GAPOConfigError(f"invalid GAPO settings under actor_rollout_ref.actor: {err}") from err
+    except (ValueError, TypeError, InstantiationException) as err:
+        cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+        raise GAPOConfigError(f"invalid GAPO settings under actor_rollout_ref.actor: {cause}") from err

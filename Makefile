@@ -1,0 +1,49 @@
+# Commands users type. Everything installs itself into ./.venv on first use.
+#   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
+#   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
+#   make test-fast the suite without the slow end-to-end runs
+#   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
+#   make bench     benchmarks (GAPO loss vs verl's gspo loss)
+#   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines: this torch installs from a local wheel; any other version downloads a multi-GB CUDA build.
+# GPU clusters: skip this and `pip install -e .[gpu]`, which brings the torch verl's vllm extra pins.
+TORCH_CPU ?= torch==2.13.0
+SMOKE_DIR ?= runs/smoke
+K ?= 8
+EPS_LOW ?= 0.2
+EPS_HIGH_MAX ?= 0.28
+SCHEDULE ?= linear
+
+.PHONY: install test test-fast smoke bench table clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_CPU)
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -c "import torch, verl, gapo; from verl.trainer.ppo.core_algos import get_policy_loss_fn; get_policy_loss_fn('gapo'); print('installed: torch', torch.__version__, 'verl', verl.__version__)"
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest tests -v --durations=15
+
+test-fast: install
+	$(PY) -m pytest tests -m "not slow"
+
+smoke: install
+	$(PY) -m recipe.smoke --out $(SMOKE_DIR)
+
+bench: install
+	$(PY) -m recipe.bench_loss
+
+table: install
+	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)
+
+clean:
+	rm -rf $(SMOKE_DIR) .pytest_cache

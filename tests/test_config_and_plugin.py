@@ -1,0 +1,105 @@
+"""Config composition, start-up validation (bad configs fail with the key and the fix), plug-in registration."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from verl.utils.config import omega_conf_to_dataclass
+
+from gapo.verl_plugin.config import GAPOPolicyLossConfig
+from gapo.verl_plugin.trainer import diagnostics_from_sums, group_success_counts
+from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = str(ROOT / "configs")
+
+
+def compose_cfg(name="gapo_trainer", overrides=()):
+    with initialize_config_dir(config_dir=CONFIGS, version_base=None):
+        return compose(name, overrides=list(overrides))
+
+
+def test_gapo_trainer_config_defaults():
+    cfg = compose_cfg()
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.policy_loss.loss_mode == "gapo" and cfg.trainer.v1.trainer_mode == "gapo"
+    assert actor.loss_agg_mode == "seq-mean-token-mean" and cfg.algorithm.norm_adv_by_std_in_grpo is False
+    assert cfg.data.train_batch_size // actor.ppo_mini_batch_size == 4  # several updates per rollout batch
+    assert actor.clip_ratio_high == actor.policy_loss.eps_high_max  # fixed-clip baselines share the bound
+    settings = omega_conf_to_dataclass(actor.policy_loss)
+    assert isinstance(settings, GAPOPolicyLossConfig) and settings.schedule == "linear"
+    validate_gapo_config(cfg)
+
+
+def test_overrides_reach_the_dataclass():
+    cfg = compose_cfg(overrides=["actor_rollout_ref.actor.policy_loss.schedule=exp",
+                                 "actor_rollout_ref.actor.policy_loss.eps_high_max=0.01",
+                                 "actor_rollout_ref.actor.policy_loss.success_threshold=0.9"])
+    settings = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.policy_loss)
+    assert (settings.schedule, settings.eps_high_max, settings.success_threshold) == ("exp", 0.01, 0.9)
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.01
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["actor_rollout_ref.actor.policy_loss.eps_high_max=0.001"], r"eps_high_max \(0.001\) must be >= eps_low \(0.003\)"),
+        (["actor_rollout_ref.actor.policy_loss.schedule=cosine"], "schedule='cosine' is not a GAPO schedule"),
+        (["actor_rollout_ref.rollout.n=1"], r"rollout.n=1: GAPO needs groups of at least 2"),
+        (["trainer.v1.trainer_mode=sync"], "needs the GAPO trainer.*trainer.v1.trainer_mode=gapo"),
+        (["trainer.use_v1=false"], "needs the GAPO trainer"),
+        (["actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig"], "GAPOPolicyLossConfig"),
+    ],
+)
+def test_bad_configs_fail_naming_key_and_fix(overrides, match):
+    with pytest.raises(GAPOConfigError, match=match):
+        validate_gapo_config(compose_cfg(overrides=overrides))
+
+
+def test_baseline_loss_modes_pass_through():
+    validate_gapo_config(compose_cfg(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                                                "trainer.v1.trainer_mode=sync"]))
+
+
+def test_entry_point_rejects_bad_config_before_starting_ray():
+    proc = subprocess.run(
+        [sys.executable, "-m", "recipe.main_gapo", "actor_rollout_ref.actor.policy_loss.eps_high_max=0.001"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "GAPO config error" in proc.stderr and "eps_high_max (0.001) must be >= eps_low" in proc.stderr
+    assert "ray init kwargs" not in proc.stdout
+
+
+def test_import_verl_alone_registers_the_losses_in_a_fresh_process():
+    code = ("import verl\nfrom verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
+            "print(R['gapo'].__module__, R['gapo_token'].__module__)")
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_MODULES", "VERL_USE_EXTERNAL_PLUGINS")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["gapo.verl_plugin.losses", "gapo.verl_plugin.losses"]
+
+
+def test_group_success_counts_by_uid_with_uneven_groups():
+    import torch
+
+    uids = ["a", "a", "a", "b", "b", "c"]
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    c, k = group_success_counts(uids, scores, 0.5)
+    assert c.tolist() == [2, 2, 2, 0, 0, 1] and k.tolist() == [3, 3, 3, 2, 2, 1]
+    c, _ = group_success_counts(uids, scores, 1.0)  # strictly greater than the threshold
+    assert c.tolist() == [0] * 6
+
+
+def test_diagnostics_from_sums_are_exact_ratios_and_consume_the_sums():
+    metrics = {"actor/gapo_sums/eps_high_sum": 0.5, "actor/gapo_sums/positive_rollouts": 2.0,
+               "actor/gapo_sums/c1/clipped": 1.0, "actor/gapo_sums/c1/ratio_dev": 0.3, "actor/gapo_sums/c1/tokens": 4.0,
+               "actor/gapo_sums/c1/rollouts": 1.0, "actor/gapo_sums/c2/clipped": 0.0, "actor/gapo_sums/c2/ratio_dev": 0.0,
+               "actor/gapo_sums/c2/tokens": 0.0, "actor/gapo_sums/c2/rollouts": 0.0, "actor/pg_clipfrac": 0.1}
+    out = diagnostics_from_sums(metrics)
+    assert out == pytest.approx({"gapo/loss_eps_high_mean": 0.25, "gapo/clipfrac_pos/c1": 0.25,
+                                 "gapo/ratio_dev_pos/c1": 0.075})
+    assert metrics == {"actor/pg_clipfrac": 0.1}
