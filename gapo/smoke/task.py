@@ -1,0 +1,132 @@
+"""Synthetic verifiable task for the CPU smoke run: "answer with one of these characters".
+
+Each prompt lists an allowed set S of distinct characters drawn from the 36 digits and lowercase
+letters, e.g. ``answer with one of: 3 a f k z``; the ground truth is S as a string (``"3afkz"``).
+A response is correct iff its first non-whitespace character is in S. The check is exact on the
+decoded text, so the reward is a rule (no model, no parsing heuristics).
+
+Why this task: the tiny random model of :mod:`gapo.smoke.tiny_model` samples close to uniformly
+over its 46-token vocabulary, so on a prompt with |S| = s it succeeds with probability about
+s / 41 (40 printable non-space characters plus EOS compete for the first visible character).
+Set sizes vary across prompts, which spreads per-prompt success rates over roughly 0.15..0.8:
+groups of k = 4..8 rollouts are mostly mixed (0 < c < k), with different c per prompt, which is
+what GAPO's success-count-dependent clipping needs to be exercised. The task is learnable: the
+answer can be copied from the prompt, and even dropping punctuation / EOS raises success.
+
+``compute_score`` has verl's custom reward signature; this file is loaded by verl from its path
+(``reward.custom_reward_function.path``), so it imports nothing heavy at module level.
+
+CLI: ``python -m gapo.smoke.task --out DIR`` writes ``train.parquet`` and ``val.parquet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from gapo.smoke.tiny_model import ALNUM_CHARS, CHAR_TOKENS, SPECIAL_TOKENS, WHITESPACE_CHARS
+
+DATA_SOURCE = "gapo_smoke"
+ABILITY = "char_choice"
+PROMPT_PREFIX = "answer with one of: "
+CHOICE_POOL = ALNUM_CHARS  # 36 chars; punctuation / whitespace are never correct
+# |S| range: about 0.15 .. 0.78 success for the random model (s / 41, see module docstring).
+MIN_SET_SIZE = 6
+MAX_SET_SIZE = 32
+# Chat-templated prompt length in tokens is 19 + len(content) <= 19 + 20 + 2*32 - 1 = 102.
+MAX_PROMPT_TOKENS = 19 + len(PROMPT_PREFIX) + 2 * MAX_SET_SIZE - 1
+
+
+def make_prompt(allowed: str) -> str:
+    """User message for an allowed set, e.g. ``"3afkz"`` -> ``"answer with one of: 3 a f k z"``."""
+    return PROMPT_PREFIX + " ".join(allowed)
+
+
+def make_rows(n: int, *, seed: int, split: str,
+              min_size: int = MIN_SET_SIZE, max_size: int = MAX_SET_SIZE) -> list[dict]:
+    """``n`` rows in verl's RL parquet schema; deterministic given (seed, split)."""
+    if not 1 <= min_size <= max_size <= len(CHOICE_POOL):
+        raise ValueError(f"need 1 <= min_size <= max_size <= {len(CHOICE_POOL)}")
+    # A string seed is hashed deterministically by random.Random (unlike hash()), and keeps the
+    # train and val streams independent.
+    rng = random.Random(f"{seed}/{split}")
+    rows = []
+    for i in range(n):
+        size = rng.randint(min_size, max_size)
+        # Sorted so the same set always reads the same; the set itself is uniformly random.
+        allowed = "".join(sorted(rng.sample(CHOICE_POOL, size)))
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": make_prompt(allowed)}],
+            "ability": ABILITY,
+            "reward_model": {"style": "rule", "ground_truth": allowed},
+            "extra_info": {"index": i, "split": split},
+        })
+    return rows
+
+
+def make_dataset(out_dir, n_train: int = 512, n_val: int = 64, seed: int = 0, **kw) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` under ``out_dir``; return their paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("val", n_val)):
+        path = out / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(make_rows(n, seed=seed, split=split, **kw)), path)
+        paths[split] = path
+    return paths
+
+
+def first_visible_char(text: str | None) -> str:
+    """First non-whitespace character of ``text`` ("" if none)."""
+    stripped = (text or "").lstrip()
+    return stripped[:1]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
+    """verl custom reward: 1.0 iff the response's first visible character is allowed.
+
+    ``**kwargs`` absorbs extras verl may pass (e.g. reward-router settings). Every call returns
+    the same keys, as verl's reward_extra_info requires.
+    """
+    first = first_visible_char(solution_str)
+    # `"" in s` is True in Python, so an empty response must be rejected explicitly.
+    acc = bool(first) and first in str(ground_truth)
+    return {"score": 1.0 if acc else 0.0, "acc": acc}
+
+
+def expected_success_rate(ground_truth: str, max_new_tokens: int | None = None) -> float:
+    """Success probability of a sampler that is exactly uniform over the tiny vocabulary.
+
+    Each step draws one of V tokens: an allowed char (success), another visible char or EOS
+    (failure), or whitespace / a special token that decodes to nothing (keep going). With
+    ``max_new_tokens=None`` the response is unbounded. The random model is only near-uniform,
+    so its measured rates scatter around this.
+    """
+    vocab = len(SPECIAL_TOKENS) + len(CHAR_TOKENS)
+    allowed = len(set(ground_truth) & set(CHAR_TOKENS) - set(WHITESPACE_CHARS))
+    # Non-deciding tokens: whitespace, and the specials other than EOS (skipped when decoding).
+    p_skip = (len(WHITESPACE_CHARS) + len(SPECIAL_TOKENS) - 1) / vocab
+    p_hit = allowed / vocab
+    if max_new_tokens is None:
+        return p_hit / (1.0 - p_skip)
+    return p_hit * (1.0 - p_skip**max_new_tokens) / (1.0 - p_skip)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--n-train", type=int, default=512)
+    p.add_argument("--n-val", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for path in make_dataset(args.out, n_train=args.n_train, n_val=args.n_val, seed=args.seed).values():
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
