@@ -9,12 +9,23 @@ import os
 import sys
 
 import hydra
+import ray
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
+
+@ray.remote
+class GAPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    """verl's v1 task runner, with trainer mode `gapo` registered in its Ray process before it looks it up."""
+
+    def run(self, config):
+        import gapo.verl_plugin.trainer  # noqa: F401  (registers GAPOTrainer)
+
+        return super().run(config)
+
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -27,7 +38,7 @@ def main(config):
     except GAPOConfigError as err:
         sys.exit(f"GAPO config error: {err}")
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    run_ppo(config, task_runner_class=GAPOTaskRunner)
 
 
 if __name__ == "__main__":

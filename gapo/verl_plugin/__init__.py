@@ -1,8 +1,8 @@
 """verl plug-in, loaded by `import verl` in every process (entry point `verl.plugins: gapo` in pyproject.toml).
 
 Importing it registers the policy losses `gapo` and `gapo_token`. The GAPO trainer
-(`gapo.verl_plugin.trainer`, trainer mode `gapo`) is heavier to import and is loaded only where it is
-needed: `recipe.main_gapo` adds it to the Ray workers' VERL_USE_EXTERNAL_MODULES. With VERL_PLATFORM=cpu
+(`gapo.verl_plugin.trainer`, trainer mode `gapo`) imports most of verl's trainer, so it is loaded only
+where the trainer is built: `recipe.main_gapo`'s task runner imports it. With VERL_PLATFORM=cpu
 (development and tests only) the CPU platform and the HF rollout server are registered too.
 """
 

@@ -67,8 +67,11 @@ class GAPOTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch, metrics):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
         real = np.array([not tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
-        uids = [u if r else f"__padding_{i}" for i, (u, r) in enumerate(zip(data["uid"].tolist(), real))]
-        scores = data["rm_scores"].to_padded_tensor().sum(-1)  # sequence reward
+        uids = data["uid"]  # a list of uid strings (NonTensorStack in some tensordict versions)
+        uids = uids.tolist() if hasattr(uids, "tolist") else list(uids)
+        # padding rollouts (verl's batch balancing) copy a real uid: give each its own group
+        uids = [u if r else f"__padding_{i}" for i, (u, r) in enumerate(zip(uids, real))]
+        scores = data["rm_scores"].to_padded_tensor(0.0).sum(-1)  # sequence reward (token scores are nested)
         num_correct, group_size = group_success_counts(uids, scores, self._gapo.success_threshold)
         fields = TensorDict({NUM_CORRECT_KEY: num_correct, GROUP_SIZE_KEY: group_size}, batch_size=len(batch))
         # kv_batch_put returns the handle that knows the new fields; the old one would silently lack them.

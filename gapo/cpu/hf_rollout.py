@@ -1,0 +1,188 @@
+"""HF-transformers rollout engine for verl, registered as rollout name "hf". CPU development and tests only.
+
+verl 0.9.1 ships rollout engines for vLLM, SGLang and TensorRT-LLM only, none of which runs on a CPU machine.
+verl's rollout is always "server mode"; this module provides the three pieces it expects:
+
+- ``HFRolloutServer``: a Ray actor holding a plain HF causal LM. ``generate`` samples one sequence with
+  ``transformers``' ``generate`` and returns the sampled token ids with their log-probs, computed like
+  vLLM's ``processed_logprobs``: ``log_softmax(logits / temperature)`` over the full vocabulary.
+- ``HFReplica``: the ``RolloutReplica`` that launches one server per replica (hybrid mode: the trainer's
+  workers own the logical GPUs; the server is an extra actor beside them).
+- ``HFServerAdapter``: the worker-side ``BaseRollout``; it gathers the actor's weights after each step and
+  pushes them to its replica's server (verl's "naive" checkpoint-engine path).
+
+Requests are served one at a time: a 2-core CPU gains nothing from batching a tiny model, and the lock keeps
+weight updates from landing in the middle of a generation.
+"""
+
+import asyncio
+from typing import Any, Optional
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig, RolloutConfig
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
+
+
+def _server_name(replica_rank: int, name_suffix: str = "") -> str:
+    """Ray actor name of a replica's server; the worker-side adapter finds its server by it."""
+    return f"hf_server_{replica_rank}{name_suffix}"
+
+
+class HFRolloutServer:
+    """Token-in/token-out generation server around an HF causal LM (runs as an async Ray actor)."""
+
+    def __init__(self, config: RolloutConfig, model_config: HFModelConfig, replica_rank: int = 0):
+        self.config = omega_conf_to_dataclass(config)
+        if not isinstance(model_config, HFModelConfig):
+            model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        # fp32 and eager attention: the same numerics as the CPU actor, so rollout and actor log-probs agree.
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_config.local_path, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        # Drop the checkpoint's generation defaults (e.g. top_k=50, a preset temperature): only the request's
+        # sampling_params may shape the distribution, as in vLLM.
+        eos = model_config.generation_config.eos_token_id if model_config.generation_config else None
+        eos = eos if eos is not None else model_config.tokenizer.eos_token_id
+        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
+        self.model.generation_config = GenerationConfig(eos_token_id=self.eos_token_ids)
+        self.global_steps: Optional[int] = None
+        self._lock = asyncio.Lock()
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        **kwargs,
+    ) -> TokenOutput:
+        """Sample one response; honours temperature (0 = greedy), top_p, top_k, max_tokens, stop_token_ids."""
+        assert image_data is None and video_data is None, "the hf rollout is text-only"
+        async with self._lock:
+            token_ids, log_probs = await asyncio.to_thread(self._generate, list(prompt_ids), dict(sampling_params))
+        return TokenOutput(
+            token_ids=token_ids,
+            log_probs=log_probs,
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    @torch.no_grad()
+    def _generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> tuple[list[int], list[float]]:
+        max_tokens = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
+        max_tokens = max(1, min(max_tokens or self.config.response_length, budget))
+        temperature = float(sampling_params.get("temperature", 1.0))
+        do_sample = temperature > 0
+        # vLLM treats temperature 0 as greedy and reports unscaled log-probs for it.
+        scale = temperature if do_sample else 1.0
+        top_k = int(sampling_params.get("top_k") or -1)
+        eos = self.eos_token_ids + list(sampling_params.get("stop_token_ids") or [])
+        out = self.model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            do_sample=do_sample,
+            temperature=temperature if do_sample else None,
+            top_p=float(sampling_params.get("top_p", 1.0)) if do_sample else None,
+            top_k=max(top_k, 0) if do_sample else None,  # 0 disables top-k; None would mean HF's default 50
+            max_new_tokens=max_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            output_logits=True,  # raw logits of each step, before temperature/top-p
+            return_dict_in_generate=True,
+        )
+        response = out.sequences[0, len(prompt_ids) :]
+        logits = torch.stack(out.logits, dim=1)[0].float()  # (response_len, vocab)
+        log_probs = torch.log_softmax(logits / scale, dim=-1).gather(-1, response[:, None]).squeeze(-1)
+        return response.tolist(), log_probs.tolist()
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], global_steps: Optional[int] = None):
+        """Load new weights (HF names, full tensors) from the trainer."""
+        async with self._lock:
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            # Tied embeddings legitimately miss lm_head; anything else means the names do not match.
+            assert not unexpected, f"unexpected weights: {unexpected}"
+            assert set(missing) <= {"lm_head.weight"}, f"weights not sent: {missing}"
+            if global_steps is not None:
+                self.global_steps = global_steps
+
+    async def set_global_steps(self, global_steps: int):
+        self.global_steps = global_steps
+
+    # Control calls verl makes on every server. Nothing to free or pause on a CPU: the weights stay in host
+    # memory, there is no KV cache between requests and requests are never aborted.
+    async def wake_up(self, tags: Optional[list[str]] = None):
+        pass
+
+    async def sleep(self):
+        pass
+
+    async def clear_kv_cache(self):
+        pass
+
+    async def release_kv_cache(self):
+        pass
+
+    async def resume_kv_cache(self):
+        pass
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False):
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self):
+        pass
+
+    async def start_profile(self, **kwargs):
+        pass
+
+    async def stop_profile(self):
+        pass
+
+
+class HFReplica(RolloutReplica):
+    """One ``HFRolloutServer`` per replica. Single node only; tensor/pipeline parallel size must be 1."""
+
+    async def launch_servers(self):
+        assert self.world_size == 1, "the hf rollout runs one process per replica (tp = dp = pp = 1)"
+        name = _server_name(self.replica_rank, self.name_suffix)
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(name=name, max_concurrency=self.max_concurrency)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name  # only an id for verl's load balancer: there is no HTTP endpoint
+        await server.wake_up.remote()  # returns once the model is loaded
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker-side rollout: pushes the trainer's weights to this worker's replica server."""
+
+    def __init__(self, config: RolloutConfig, model_config: HFModelConfig, device_mesh, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        # Hybrid mode: one replica per data-parallel rank (world size per replica is 1).
+        self.replica_rank = device_mesh["dp"].get_local_rank() if device_mesh is not None else replica_rank
+        self._server = None
+
+    async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
+        assert wire_format == "named_tensors", f"the hf rollout takes full named tensors, got {wire_format!r}"
+        assert kwargs.get("peft_config") is None, "LoRA adapters are not supported by the hf rollout"
+        # The generator all-gathers FSDP shards (a collective), so every rank must drain it.
+        state_dict = {name: tensor.detach().cpu() async for name, tensor in ensure_async_iterator(weights)}
+        if self._server is None:
+            self._server = ray.get_actor(_server_name(self.replica_rank))
+        await self._server.update_weights.remote(state_dict, global_steps)
+
+    async def resume(self, tags: list[str]):
+        pass
+
+    async def release(self):
+        pass
