@@ -49,6 +49,13 @@ def _per_rollout(eps: FloatOrTensor, like: torch.Tensor) -> torch.Tensor:
     return eps
 
 
+def _clipped_objective(ratio, advantages, eps_low, eps_high):
+    """max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) per token, and whether the clipped branch is active."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, torch.full_like(ratio, 1 - eps_low), 1 + _per_rollout(eps_high, ratio))
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
 def sequence_clipped_surrogate(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -64,12 +71,11 @@ def sequence_clipped_surrogate(
     # Token-level handle on the sequence ratio: value s_i, gradient d log pi_t (GSPO-token); clamp as verl does.
     log_s = torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1), max=10.0)
     ratio = torch.exp(log_s)
-    unclipped = -advantages * ratio
-    clipped_loss = -advantages * torch.clamp(ratio, torch.full_like(ratio, 1 - eps_low), 1 + _per_rollout(eps_high, ratio))
+    loss, clipped = _clipped_objective(ratio, advantages, eps_low, eps_high)
     return SurrogateTerms(
-        loss=torch.maximum(unclipped, clipped_loss),
+        loss=loss,
         ratio=ratio.detach(),
-        clipped=clipped_loss > unclipped,
+        clipped=clipped,
         log_ratio=log_ratio.detach(),
         dual_clipped=torch.zeros_like(response_mask, dtype=torch.bool),
     )
@@ -89,16 +95,14 @@ def token_clipped_surrogate(
         raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped_loss = -advantages * torch.clamp(ratio, torch.full_like(ratio, 1 - eps_low), 1 + _per_rollout(eps_high, ratio))
-    loss = torch.maximum(unclipped, clipped_loss)
+    loss, clipped = _clipped_objective(ratio, advantages, eps_low, eps_high)
     # Dual clip: a negative-advantage token whose ratio exploded contributes at most -A * c.
     dual_bound = -advantages * clip_ratio_c
     dual_clipped = (advantages < 0) & (loss > dual_bound)
     return SurrogateTerms(
         loss=torch.where(advantages < 0, torch.minimum(loss, dual_bound), loss),
         ratio=ratio.detach(),
-        clipped=clipped_loss > unclipped,
+        clipped=clipped,
         log_ratio=log_ratio.detach(),
         dual_clipped=dual_clipped,
     )
