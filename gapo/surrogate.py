@@ -132,14 +132,14 @@ def per_success_count_sums(
     with torch.no_grad():
         mask = response_mask.to(terms.ratio.dtype)
         positive = masked_rollout_mean(advantages, response_mask) > 0
-        c_all = num_correct.to(torch.long)
         per_rollout = torch.stack(
-            [(terms.clipped.to(mask.dtype) * mask).sum(-1), ((terms.ratio - 1).abs() * mask).sum(-1), mask.sum(-1)],
+            [(terms.clipped.to(mask.dtype) * mask).sum(-1), ((terms.ratio - 1).abs() * mask).sum(-1), mask.sum(-1),
+             torch.ones_like(mask[:, 0])],
             dim=-1,
-        )  # (B, 3)
-        sums = {}
-        for c in range(1, max_count + 1):
-            sel = positive & (c_all == c)
-            clipped, ratio_dev, tokens = per_rollout[sel].sum(0).tolist()
-            sums[c] = {"clipped": clipped, "ratio_dev": ratio_dev, "tokens": tokens, "rollouts": float(sel.sum())}
-        return sums
+        )  # (B, 4): clipped tokens, sum |ratio - 1|, tokens, 1
+        # Row c collects positive rollouts with success count c; row 0 takes everything else and is dropped.
+        c_all = num_correct.to(torch.long)
+        row = torch.where(positive & (c_all >= 1) & (c_all <= max_count), c_all, torch.zeros_like(c_all))
+        table = torch.zeros(max_count + 1, 4, dtype=mask.dtype, device=mask.device).index_add_(0, row, per_rollout)
+        names = ("clipped", "ratio_dev", "tokens", "rollouts")
+        return {c: dict(zip(names, values)) for c, values in enumerate(table.tolist()) if c >= 1}
