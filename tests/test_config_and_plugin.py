@@ -103,3 +103,23 @@ def test_diagnostics_from_sums_are_exact_ratios_and_consume_the_sums():
     assert out == pytest.approx({"gapo/loss_eps_high_mean": 0.25, "gapo/clipfrac_pos/c1": 0.25,
                                  "gapo/ratio_dev_pos/c1": 0.075})
     assert metrics == {"actor/pg_clipfrac": 0.1}
+
+
+def test_gapo_trainer_keeps_verls_sync_semantics():
+    """Any trainer mode but "sync" silently switches verl 0.9.1 to its async paths; GAPOTrainer must not."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+    from gapo.verl_plugin.trainer import GAPOTrainer
+
+    cfg = compose_cfg("smoke_cpu")
+    trainer = GAPOTrainer(cfg)  # builds the replay buffer, no Ray needed
+    assert trainer.trainer_mode == "sync" and cfg.trainer.v1.trainer_mode == "sync"
+    assert type(trainer.replay_buffer) is ReplayBuffer and not isinstance(trainer.replay_buffer, ReplayBufferAsync)
+    assert trainer.replay_buffer.gen_batch_size == cfg.data.train_batch_size  # not forced to 1
+
+
+def test_gapo_trainer_refuses_a_bad_config_before_building_anything():
+    from gapo.verl_plugin.trainer import GAPOTrainer
+
+    with pytest.raises(GAPOConfigError, match="rollout.n=1"):
+        GAPOTrainer(compose_cfg("smoke_cpu", ["actor_rollout_ref.rollout.n=1"]))
