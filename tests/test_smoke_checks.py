@@ -1,0 +1,55 @@
+"""The smoke run's own checks reject runs that show nothing; project packages shadow verl's installed ones."""
+
+from pathlib import Path
+
+import pytest
+
+from recipe.smoke import SmokeCheckError, check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _step(mixed=0.5, lo=0.03, hi=0.05, clip=0.2, loss_eps=True):
+    m = {"gapo/groups/mixed_frac": mixed, "gapo/eps_high/min": lo, "gapo/eps_high/max": hi,
+         "gapo/clipfrac_pos/c2": clip}
+    if loss_eps:
+        m["gapo/loss_eps_high_mean"] = (lo + hi) / 2
+    return m
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    return tmp_path
+
+
+def test_a_good_run_passes(ckpt):
+    check({1: _step(), 2: _step()}, {3: _step()}, 2, 1, ckpt)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(mixed=0.0), "no mixed group"),
+        (dict(lo=0.05, hi=0.05), "more than one threshold"),
+        (dict(clip=0.0), "nothing was ever clipped"),
+        (dict(loss_eps=False), "did not reach the loss"),
+    ],
+)
+def test_runs_that_show_nothing_are_rejected(ckpt, bad, message):
+    with pytest.raises(SmokeCheckError, match=message):
+        check({1: _step(**bad), 2: _step(**bad)}, {3: _step(**bad)}, 2, 1, ckpt)
+
+
+def test_a_resume_that_starts_over_is_rejected(ckpt):
+    with pytest.raises(SmokeCheckError, match="must continue from the checkpoint"):
+        check({1: _step(), 2: _step()}, {1: _step()}, 2, 1, ckpt)
+
+
+def test_project_packages_win_over_the_ones_verl_installs():
+    # verl 0.9.1 installs top-level `tests` and `recipe` folders into site-packages.
+    import recipe
+    import tests
+
+    assert Path(tests.__file__).resolve().parent == ROOT / "tests"
+    assert Path(recipe.__file__).resolve().parent == ROOT / "recipe"
