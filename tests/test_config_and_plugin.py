@@ -10,7 +10,8 @@ from hydra import compose, initialize_config_dir
 from verl.utils.config import omega_conf_to_dataclass
 
 from gapo.verl_plugin.config import GAPOPolicyLossConfig
-from gapo.verl_plugin.trainer import diagnostics_from_sums, group_success_counts
+from gapo.groups import group_success_counts
+from gapo.verl_plugin.trainer import diagnostics_from_sums
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
 
 ROOT = Path(__file__).resolve().parents[1]

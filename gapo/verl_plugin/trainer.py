@@ -14,8 +14,6 @@ mode back to "sync" before verl's constructor reads it, so everything else runs 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-
 import numpy as np
 import torch
 import transfer_queue as tq
@@ -25,27 +23,15 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
+from gapo.groups import group_success_counts
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
-from gapo.verl_plugin.losses import GROUP_SIZE_KEY, NUM_CORRECT_KEY, SUMS_PREFIX, GAPOActorLoss
+from gapo.verl_plugin.losses import GAPO_LOSS_MODES, GROUP_SIZE_KEY, NUM_CORRECT_KEY, SUMS_PREFIX, GAPOActorLoss
 from gapo.verl_plugin.validate import validate_gapo_config
 
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "gapo"
-
-
-def group_success_counts(uids, scores: torch.Tensor, success_threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per rollout: (c, k) = (successes in its uid group, size of that group). uids: B hashables; scores: (B,)."""
-    success = (scores > success_threshold).tolist()
-    correct, size = defaultdict(int), defaultdict(int)
-    for uid, ok in zip(uids, success):
-        size[uid] += 1
-        correct[uid] += int(ok)
-    return (
-        torch.tensor([correct[u] for u in uids], dtype=torch.float32),
-        torch.tensor([size[u] for u in uids], dtype=torch.float32),
-    )
 
 
 @register_trainer(TRAINER_MODE)
@@ -90,7 +76,7 @@ class GAPOTrainer(PPOTrainerSync):
             "gapo/groups/size_mean": group_size.mean().item(),
         }
         used = success & mixed
-        if used.any():
+        if used.any() and self._gapo.loss_mode in GAPO_LOSS_MODES:  # baselines use verl's fixed clips
             eps_low, eps_high_max = resolve_gapo_clips(self.config.actor_rollout_ref.actor, self._gapo)
             eps = adaptive_eps_high(num_correct[used], group_size[used], eps_low, eps_high_max, self._gapo.schedule)
             out.update({"gapo/eps_high/mean": eps.mean().item(), "gapo/eps_high/min": eps.min().item(),

@@ -1,0 +1,90 @@
+"""Prepare the paper's math data as verl RL parquet files: one command per dataset, or all of them.
+
+Datasets (``--dataset``; the same name is the output file stem and the rows' ``data_source``):
+
+    deepscaler     agentica-org/DeepScaleR-Preview-Dataset  train  training set (~40k problems)
+    aime24         HuggingFaceH4/aime_2024                   train  30 problems
+    aime25         math-ai/aime25                            test   30
+    amc23          math-ai/amc23                             test   40
+    math500        HuggingFaceH4/MATH-500                    test   500
+    minerva        math-ai/minervamath                       test   272
+    olympiadbench  math-ai/olympiadbench                     test   674 (text-only English math)
+
+Each row's prompt is the problem followed by DeepScaleR's instruction, " Let's think step by step and
+output the final answer within \\boxed{}."; the ground truth is the answer string (``$...$`` unwrapped,
+numbers without a trailing ``.0``, lists joined by ", "). Rows with an empty answer are dropped and
+counted. Field mappings: ``gapo.data.math_datasets.DATASETS``.
+
+Usage:
+    python -m gapo.data.prepare_math --dataset deepscaler            # -> data/math/deepscaler.parquet
+    python -m gapo.data.prepare_math --dataset all --out data/math   # all seven
+    python -m gapo.data.prepare_math --dataset aime24 --limit 5      # first 5 rows only
+
+Offline (no hub access): download the dataset elsewhere (e.g. ``datasets.load_dataset(...).to_json(...)``)
+and pass the file, which must have the hub dataset's columns:
+    python -m gapo.data.prepare_math --dataset aime24 --source aime24.jsonl   # .jsonl, .json or .parquet
+    python -m gapo.data.prepare_math --dataset all --source DIR   # DIR/<name>.jsonl|.json|.parquet each
+``--source`` may also be another hub id with the same columns. The repo's fixtures run end to end:
+    python -m gapo.data.prepare_math --dataset all --source tests/fixtures/math --out /tmp/math
+
+Training then reads e.g. ``data.train_files=data/math/deepscaler.parquet`` and
+``data.val_files=[data/math/aime24.parquet,data/math/math500.parquet]``: every file has the same schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gapo.data.math_datasets import DATASETS, LOCAL_SUFFIXES, HubUnavailableError, get_spec, prepare
+
+DEFAULT_OUT = "data/math"
+
+
+def _file_in_dir(directory: Path, name: str) -> Path:
+    for suffix in LOCAL_SUFFIXES:
+        path = directory / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no {name}{{{','.join(LOCAL_SUFFIXES)}}} in source directory {directory}")
+
+
+def main(argv: list[str] | None = None) -> list:
+    p = argparse.ArgumentParser(
+        prog="python -m gapo.data.prepare_math",
+        description=__doc__.splitlines()[0],
+        epilog=f"valid datasets: {', '.join(DATASETS)}, all",
+    )
+    p.add_argument("--dataset", required=True, choices=[*DATASETS, "all"], metavar="NAME",
+                   help=f"one of: {', '.join(DATASETS)}, or all")
+    p.add_argument("--source", default=None,
+                   help="local .jsonl/.json/.parquet file (or another hub id) with the hub dataset's columns; "
+                        "with --dataset all, a directory holding <name>.jsonl|.json|.parquet (default: the hub)")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})")
+    p.add_argument("--limit", type=int, default=None, help="write at most N rows per dataset")
+    args = p.parse_args(argv)
+    if args.limit is not None and args.limit < 0:
+        p.error("--limit must be >= 0")
+
+    names = list(DATASETS) if args.dataset == "all" else [args.dataset]
+    summaries = []
+    try:
+        if args.dataset == "all" and args.source is not None and not Path(args.source).is_dir():
+            raise NotADirectoryError(f"with --dataset all, --source must be a directory: {args.source}")
+        for name in names:
+            source = args.source
+            if args.dataset == "all" and source is not None:
+                source = _file_in_dir(Path(source), name)
+            summaries.append(prepare(get_spec(name), source=source, out_dir=args.out, limit=args.limit))
+    except (HubUnavailableError, FileNotFoundError, NotADirectoryError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        sys.exit(f"error: {msg}")
+    if len(summaries) > 1:
+        total = sum(s.rows_written for s in summaries)
+        print(f"done: {total} rows in {len(summaries)} files under {args.out}")
+    return summaries
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Every math experiment and baseline config composes with hydra and builds verl's config dataclasses."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+from gapo.verl_plugin.advantage import FocalAlgoConfig
+from gapo.verl_plugin.config import GAPOPolicyLossConfig
+from gapo.verl_plugin.validate import validate_gapo_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+MATH = sorted(p.stem for p in (CONFIGS / "math").glob("*.yaml"))
+# stages 2 and 3 start from the previous stage's exported model: a mandatory value
+NEEDS_MODEL = {"r1_1.5b_gapo_stage2_16k", "r1_1.5b_gapo_stage3_24k"}
+
+# name -> (loss_mode, clip_ratio_low, clip_ratio_high, loss_agg_mode, adv_estimator, max_response_length)
+EXPECTED = {
+    "r1_1.5b_gapo": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "r1_1.5b_gapo_stage1_8k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 8192),
+    "r1_1.5b_gapo_stage2_16k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 16384),
+    "r1_1.5b_gapo_stage3_24k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "r1_1.5b_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "r1_1.5b_gapo_constant": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "r1_1.5b_grpo": ("vanilla", 0.2, 0.2, "token-mean", "grpo", 24576),
+    "r1_1.5b_dapo": ("vanilla", 0.2, 0.28, "token-mean", "grpo", 24576),
+    "r1_1.5b_focal_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "focal_grpo", 24576),
+    "qwen_math_1.5b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
+    "qwen_math_1.5b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
+    "qwen_math_1.5b_gapo_token": ("gapo_token", 0.2, 0.28, "token-mean", "grpo", 3072),
+    "llama3.2_3b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 4096),
+    "llama3.2_3b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 4096),
+}
+
+
+def _compose(name, overrides=()):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose(f"math/{name}", overrides=list(overrides))
+
+
+def test_every_config_file_is_covered():
+    assert set(MATH) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", MATH)
+def test_math_config_composes_and_builds_verl_dataclasses(name):
+    cfg = _compose(name, ["actor_rollout_ref.model.path=/models/prev"] if name in NEEDS_MODEL else [])
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    algorithm = omega_conf_to_dataclass(cfg.algorithm)
+    validate_gapo_config(cfg)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+    loss, lo, hi, agg, adv, resp = EXPECTED[name]
+    assert isinstance(actor.policy_loss, GAPOPolicyLossConfig)
+    assert (actor.policy_loss.loss_mode, actor.loss_agg_mode, algorithm.adv_estimator) == (loss, agg, adv)
+    assert actor.clip_ratio_low == pytest.approx(lo) and actor.clip_ratio_high == pytest.approx(hi)
+    assert cfg.data.max_response_length == resp
+    # the paper's settings: k = 8, 256 prompts per rollout batch in mini-batches of 64, lr 1e-6,
+    # no KL, no entropy bonus, no std normalisation, DeepScaleR's sampling temperature
+    assert cfg.actor_rollout_ref.rollout.n == 8
+    assert (cfg.data.train_batch_size, actor.ppo_mini_batch_size) == (256, 64)
+    assert actor.optim.lr == 1e-6 and not actor.use_kl_loss and actor.entropy_coeff == 0
+    assert not cfg.algorithm.use_kl_in_reward and cfg.algorithm.norm_adv_by_std_in_grpo is False
+    assert cfg.actor_rollout_ref.rollout.temperature == 0.6
+    assert cfg.reward.custom_reward_function.path == "pkg://gapo.rewards"
+    assert cfg.trainer.experiment_name == name and cfg.trainer.v1.trainer_mode == "gapo"
+    # dynamic batching packs by tokens: the longest sequence must fit one micro-batch
+    assert actor.ppo_max_token_len_per_gpu >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    if adv == "focal_grpo":
+        assert isinstance(algorithm, FocalAlgoConfig) and algorithm.focal_gamma >= 0
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_MODEL))
+def test_later_stages_demand_the_previous_stage_model(name, monkeypatch):
+    from omegaconf.errors import InterpolationResolutionError
+
+    monkeypatch.delenv("GAPO_STAGE_INIT_MODEL", raising=False)
+    with pytest.raises(InterpolationResolutionError, match="GAPO_STAGE_INIT_MODEL"):
+        _ = _compose(name).actor_rollout_ref.model.path
+    monkeypatch.setenv("GAPO_STAGE_INIT_MODEL", "/models/stage_prev")
+    assert _compose(name).actor_rollout_ref.model.path == "/models/stage_prev"
