@@ -32,6 +32,8 @@ def test_per_rollout_thresholds_reached_the_loss(smoke):
         assert m["gapo/loss_eps_high_mean"] == pytest.approx(m["gapo/eps_high/mean"], rel=1e-5), step
         assert 0.02 <= m["gapo/eps_high/min"] <= m["gapo/eps_high/mean"] <= m["gapo/eps_high/max"] <= 0.05 + 1e-7
         assert 0 < m["gapo/groups/mixed_frac"] <= 1 and m["gapo/groups/size_mean"] == 8
+        # The reward's extra fields reach the training metrics (the smoke reward's acc equals its score).
+        assert m["reward/acc/mean"] == pytest.approx(m["critic/score/mean"]), step
         # Weight sync to the HF rollout server is right: rollout and actor log-probs agree.
         assert m["training/rollout_probs_diff_max"] < 1e-4
 

@@ -51,10 +51,11 @@ class GAPOTrainer(PPOTrainerSync):
         self.actor_rollout_wg.set_loss_fn(GAPOActorLoss(actor_config))
 
     def _compute_advantage(self, batch, metrics):
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores"])
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"]
+        )
         real = np.array([not tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
-        uids = data["uid"]  # a list of uid strings (NonTensorStack in some tensordict versions)
-        uids = uids.tolist() if hasattr(uids, "tolist") else list(uids)
+        uids = _as_list(data["uid"])
         # padding rollouts (verl's batch balancing) copy a real uid: give each its own group
         uids = [u if r else f"__padding_{i}" for i, (u, r) in enumerate(zip(uids, real))]
         scores = data["rm_scores"].to_padded_tensor(0.0).sum(-1)  # sequence reward (token scores are nested)
@@ -63,6 +64,7 @@ class GAPOTrainer(PPOTrainerSync):
         # kv_batch_put returns the handle that knows the new fields; the old one would silently lack them.
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         metrics.update(self._group_metrics(num_correct[real], group_size[real], scores[real]))
+        metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real) if r]))
         return super()._compute_advantage(batch, metrics)
 
     def _group_metrics(self, num_correct, group_size, scores) -> dict[str, float]:
@@ -87,6 +89,25 @@ class GAPOTrainer(PPOTrainerSync):
         batch = super()._update_actor(batch, metrics)
         metrics.update(diagnostics_from_sums(metrics))
         return batch
+
+
+def _as_list(values) -> list:
+    """A non-tensor TransferQueue field as a python list (a list, or a NonTensorStack in some versions)."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def reward_extra_metrics(extra_fields: list) -> dict[str, float]:
+    """Means of the reward function's numeric extra fields over the step's rollouts, as `reward/<key>/mean`.
+
+    verl 0.9.1's v1 trainer logs them only at validation; training needs them too (format failures, timeouts).
+    """
+    values: dict[str, list[float]] = {}
+    for fields in extra_fields:
+        info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
+        for key, value in info.items():
+            if isinstance(value, (bool, int, float, np.number)) and not isinstance(value, str):
+                values.setdefault(key, []).append(float(value))
+    return {f"reward/{key}/mean": float(np.mean(vals)) for key, vals in values.items()}
 
 
 def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
