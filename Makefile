@@ -3,7 +3,7 @@
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
-#   make bench     benchmarks (GAPO loss vs verl's gspo loss)
+#   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's math scorers)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -41,6 +41,7 @@ smoke: install
 
 bench: install
 	$(PY) -m recipe.bench_loss
+	$(PY) -m recipe.bench_math_reward
 
 table: install
 	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)

@@ -1,0 +1,159 @@
+"""Verifiable rewards behind verl's custom-reward hook, dispatched on each row's ``data_source``.
+
+Use from verl: ``reward.custom_reward_function.path=pkg://gapo.rewards`` and
+``reward.custom_reward_function.name=compute_score`` (optional
+``reward.custom_reward_function.reward_kwargs.require_think=true`` for models whose chat template
+opens ``<think>`` in the prompt; see :mod:`gapo.rewards.math_answer`).
+
+Which scorer a ``data_source`` gets (case-insensitive):
+
+1. an exact registered name, tried on the whole string, then on its last ``/`` component
+   (``"lighteval/MATH"`` -> ``math``);
+2. else a keyword rule on that last component: it is split into words at non-alphanumerics and the
+   leftmost word that *starts with* a registered keyword decides (``"HuggingFaceH4/MATH-500"`` ->
+   ``math``, ``"AI-MO/aimo-validation-aime"`` -> ``aime``, ``"OlympiadBench"`` -> ``olympiad``);
+3. else ``ValueError`` naming the valid choices.
+
+The contract of every scorer: ``fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs)``
+returning a dict with ``score`` (or a number). The dispatcher fills the keys of ``RESULT_DEFAULTS``
+that a scorer leaves out, because verl's reward loop builds its per-sample info arrays from the keys
+of the *first* item of a batch: sources with different keys in one batch would otherwise fail. A
+scorer that adds its own keys should add them to ``RESULT_DEFAULTS`` too (``register_result_key``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+Scorer = Callable[..., "dict | float"]
+BatchScorer = Callable[..., list]
+
+# Keys every result carries (verl logs numbers as metrics and uses ``pred`` for majority voting).
+RESULT_DEFAULTS: dict[str, object] = {"score": 0.0, "acc": False, "pred": "", "format_error": False, "timeout": False}
+
+MATH_SOURCES = ("deepscaler", "aime", "aime24", "aime25", "amc", "amc23", "math", "math500", "minerva",
+                "olympiad", "olympiadbench", "gsm8k")
+MATH_KEYWORDS = ("deepscaler", "aime", "amc", "math", "minerva", "olympiad", "gsm8k")
+
+
+@dataclass
+class _Entry:
+    """A scorer, given as a callable or lazily as ``"module:function"`` (no import until first use)."""
+
+    target: Scorer | str
+    batch: BatchScorer | str | None = None
+
+    @staticmethod
+    def _load(target):
+        if not isinstance(target, str):
+            return target
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def scorer(self) -> Scorer:
+        self.target = self._load(self.target)
+        return self.target
+
+    def batch_scorer(self) -> BatchScorer | None:
+        self.batch = self._load(self.batch)
+        return self.batch
+
+
+_EXACT: dict[str, _Entry] = {}
+_KEYWORDS: dict[str, _Entry] = {}
+
+
+def register_scorer(names: str | Sequence[str], scorer: Scorer | str, *, keywords: Sequence[str] = (),
+                    batch: BatchScorer | str | None = None) -> None:
+    """Route ``names`` (exact) and ``keywords`` (word-prefix rule) to ``scorer``.
+
+    ``batch``, optional: ``fn(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list``
+    used by :func:`compute_score_batch` to score a source's items together. A name or keyword already
+    registered raises ``ValueError`` (two scorers for one source is a bug, not an override).
+    """
+    entry = _Entry(scorer, batch)
+    names = [names] if isinstance(names, str) else list(names)
+    for table, keys in ((_EXACT, names), (_KEYWORDS, keywords)):
+        for key in keys:
+            key = key.lower()
+            if key in table:
+                raise ValueError(f"data_source {key!r} is already registered")
+            table[key] = entry
+
+
+def register_result_key(key: str, default) -> None:
+    """Declare an extra result key (with the value sources that lack it get)."""
+    RESULT_DEFAULTS.setdefault(key, default)
+
+
+def _entry_for(data_source) -> _Entry:
+    full = str(data_source).strip().lower()
+    base = full.rsplit("/", 1)[-1]
+    for key in (full, base):
+        if key in _EXACT:
+            return _EXACT[key]
+    for word in re.split(r"[^a-z0-9]+", base):
+        # Longest keyword first, so a specific keyword beats a shorter one it starts with.
+        for keyword in sorted(_KEYWORDS, key=len, reverse=True):
+            if word.startswith(keyword):
+                return _KEYWORDS[keyword]
+    raise ValueError(
+        f"unknown data_source {data_source!r}: expected one of {sorted(_EXACT)}, or a name whose last "
+        f"'/' part has a word starting with one of {sorted(_KEYWORDS)}"
+    )
+
+
+def get_scorer(data_source) -> Scorer:
+    """The scorer for ``data_source`` (raises ``ValueError`` naming the valid choices)."""
+    return _entry_for(data_source).scorer()
+
+
+def _complete(result) -> dict:
+    if not isinstance(result, dict):
+        score = float(result)
+        result = {"score": score, "acc": score > 0}
+    return {**RESULT_DEFAULTS, **result}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
+    """verl's custom reward entry point: one response, scored by its source's scorer."""
+    scorer = get_scorer(data_source)
+    return _complete(scorer(data_source, solution_str, ground_truth, extra_info=extra_info, **kwargs))
+
+
+def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], ground_truths: Sequence,
+                        extra_infos: Sequence | None = None, **kwargs) -> list[dict]:
+    """Many responses at once; items of a source with a batch scorer are scored together (math: in
+    parallel over the worker pool). Same order and keys as calling :func:`compute_score` per item."""
+    n = len(solution_strs)
+    if not len(data_sources) == len(ground_truths) == n:
+        raise ValueError("data_sources, solution_strs and ground_truths must have the same length")
+    extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
+    groups: dict[int, tuple[_Entry, list[int]]] = {}
+    for i, source in enumerate(data_sources):
+        entry = _entry_for(source)
+        groups.setdefault(id(entry), (entry, []))[1].append(i)
+    results: list[dict | None] = [None] * n
+    for entry, idx in groups.values():
+        batch = entry.batch_scorer()
+        if batch is not None:
+            out = batch([data_sources[i] for i in idx], [solution_strs[i] for i in idx],
+                        [ground_truths[i] for i in idx], [extra_infos[i] for i in idx], **kwargs)
+        else:
+            scorer = entry.scorer()
+            out = [scorer(data_sources[i], solution_strs[i], ground_truths[i], extra_info=extra_infos[i], **kwargs)
+                   for i in idx]
+        for i, result in zip(idx, out):
+            results[i] = _complete(result)
+    return results
+
+
+register_scorer(MATH_SOURCES, "gapo.rewards.math_answer:compute_score", keywords=MATH_KEYWORDS,
+                batch="gapo.rewards.math_answer:compute_score_batch")
+register_scorer("gapo_smoke", "gapo.smoke.task:compute_score")
+
+__all__ = ["RESULT_DEFAULTS", "compute_score", "compute_score_batch", "get_scorer", "register_result_key",
+           "register_scorer"]
