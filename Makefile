@@ -3,7 +3,7 @@
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
-#   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's math scorers)
+#   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -18,9 +18,22 @@ EPS_LOW ?= 0.2
 EPS_HIGH_MAX ?= 0.28
 SCHEDULE ?= linear
 
-.PHONY: install test test-fast smoke bench table clean
+# Debian packages: bubblewrap (the code reward's sandbox), shellcheck (tests of launch/ scripts)
+SYSTEM_PACKAGES ?= bubblewrap shellcheck
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-$(VENV)/.installed: pyproject.toml
+.PHONY: install system-deps test test-fast smoke bench table clean
+
+system-deps:
+	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  ($(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) \
+	  || echo "WARNING: could not install$$missing: the code reward refuses to run untrusted code without bwrap"; \
+	fi
+
+$(VENV)/.installed: pyproject.toml | system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_CPU)
@@ -42,6 +55,7 @@ smoke: install
 bench: install
 	$(PY) -m recipe.bench_loss
 	$(PY) -m recipe.bench_math_reward
+	$(PY) -m recipe.bench_sandbox
 
 table: install
 	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)

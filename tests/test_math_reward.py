@@ -268,8 +268,8 @@ def test_smoke_source_and_key_completion():
 
 
 def test_unknown_source_names_the_choices():
-    with pytest.raises(ValueError, match="unknown data_source 'livecodebench'.*gapo_smoke.*math"):
-        compute_score("livecodebench", "x", "y")
+    with pytest.raises(ValueError, match="unknown data_source 'chemistry_qa'.*gapo_smoke.*humaneval.*math"):
+        compute_score("chemistry_qa", "x", "y")
 
 
 def test_compute_score_takes_verl_kwargs_and_require_think():

@@ -154,6 +154,13 @@ def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], gr
 register_scorer(MATH_SOURCES, "gapo.rewards.math_answer:compute_score", keywords=MATH_KEYWORDS,
                 batch="gapo.rewards.math_answer:compute_score_batch")
 register_scorer("gapo_smoke", "gapo.smoke.task:compute_score")
+# Code: stdin/stdout and function-call tests run in a bubblewrap sandbox (gapo/rewards/sandbox.py); importing
+# gapo.rewards.code starts nothing (the sandbox executor starts on the first scored item).
+from gapo.rewards.code import CODE_SOURCES, RESULT_KEYS as CODE_RESULT_KEYS  # noqa: E402
+
+register_scorer(CODE_SOURCES, "gapo.rewards.code:compute_code_score", batch="gapo.rewards.code:compute_code_score_batch")
+for _key, _default in CODE_RESULT_KEYS.items():
+    register_result_key(_key, _default)
 
 __all__ = ["RESULT_DEFAULTS", "compute_score", "compute_score_batch", "get_scorer", "register_result_key",
            "register_scorer"]

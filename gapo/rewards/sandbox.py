@@ -1,0 +1,388 @@
+"""Run untrusted (model-written) Python programs on test inputs, isolated by bubblewrap: the client side.
+
+A :class:`Sandbox` owns one executor process (:mod:`gapo.rewards._sandbox_executor`, a child
+subreaper that launches, limits, times and reaps one sandboxed process per test) and talks to it over
+pipes. It only runs programs and returns what they printed; judging happens in the caller, so
+expected outputs never reach the sandbox (nor the executor).
+
+Isolation of each test (see the executor's docstring for the launch chain): every namespace unshared
+(user, pid, net, ipc, uts, cgroup, mount), no host files except read-only ``/usr`` (plus the
+interpreter's prefix when it lives elsewhere), the program read-only at ``/main.py``, a small tmpfs
+``/tmp``, a cleared environment (bwrap itself also starts with a minimal one), rlimits on address
+space, CPU, file size, open files, processes and core dumps, a non-root uid per concurrent slot
+(when the executor runs as root), a wall-clock limit per test and per problem, and an output cap.
+
+If bubblewrap is missing or cannot create namespaces, :meth:`Sandbox.start` raises
+:class:`SandboxUnavailable` unless unsandboxed execution was allowed explicitly
+(``allow_unsandboxed=True`` or ``GAPO_ALLOW_UNSANDBOXED=1``), in which case programs run with the
+rlimits and uid drop only, and a warning says so.
+
+Threads: any number of threads may call :meth:`Sandbox.submit` / :meth:`Sandbox.run` at once; one
+lock serialises writes to the executor, one reader thread dispatches results. Each submission is a
+*group* (one problem): its tests run in parallel on free slots, it stops at its first failing test,
+and it can be cancelled (:meth:`Job.cancel`) as soon as the caller sees a wrong answer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import marshal
+import os
+import queue
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+EXECUTOR_SCRIPT = Path(__file__).with_name("_sandbox_executor.py")
+FRAME = struct.Struct("<Q")  # same framing as the executor
+ALLOW_ENV = "GAPO_ALLOW_UNSANDBOXED"
+BWRAP_ENV = "GAPO_BWRAP"
+INSTALL_HINT = (
+    "Install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`) and allow unprivileged user "
+    "namespaces (`sysctl kernel.unprivileged_userns_clone=1`; Ubuntu 24.04+: "
+    "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`; in Docker, a seccomp profile that permits "
+    "clone/unshare of namespaces). To run model-written code WITHOUT isolation anyway (a throwaway "
+    f"machine only), set {ALLOW_ENV}=1."
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """Isolation cannot be set up here and unsandboxed execution was not allowed."""
+
+
+def _default_bwrap() -> str:
+    return os.environ.get(BWRAP_ENV) or shutil.which("bwrap") or "/usr/bin/bwrap"
+
+
+def _default_interpreter() -> str:
+    # The system interpreter under /usr needs no extra mount; a venv's python would drag its prefix in.
+    if os.path.exists("/usr/bin/python3"):
+        return "/usr/bin/python3"
+    return os.path.realpath(sys.executable)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and paths of the sandbox (defaults here and nowhere else).
+
+    Attributes:
+        bwrap: path of the bubblewrap binary (default: ``$GAPO_BWRAP``, else ``bwrap`` on ``PATH``).
+        interpreter: Python that runs the programs (default ``/usr/bin/python3``). One outside ``/usr``
+            gets its prefix (two levels above the binary) mounted read-only.
+        python_args: ``-I`` isolates from ``PYTHON*`` variables and the user site; ``-S`` skips
+            ``site`` (stdlib only, as on contest judges; it also halves start-up time).
+        slots: tests run at once (default: CPU count). Each slot has its own uid.
+        uid_base: slot ``i`` runs as uid ``uid_base + i`` (only when the executor is root); pick a
+            range no real account uses.
+        memory_mb: ``RLIMIT_AS`` per test process.
+        test_timeout_s / problem_timeout_s: wall-clock limits per test (from its start) and per problem
+            (from its first test's start). ``RLIMIT_CPU`` is the test limit + 1 s.
+        fsize_mb: ``RLIMIT_FSIZE`` (largest file a test may write, in its tmpfs).
+        nofile / nproc: ``RLIMIT_NOFILE`` / ``RLIMIT_NPROC`` (processes + threads of a slot's uid,
+            bwrap's two processes included).
+        tmpfs_mb: size of the sandbox's ``/tmp``.
+        max_output_bytes: hard cap on a test's stdout (callers usually pass a tighter one per test).
+        stderr_bytes: how much of the end of stderr is kept (diagnostics only).
+        extra_ro_binds: more host paths mounted read-only at the same place.
+        allow_unsandboxed: run without isolation when bwrap cannot work (default: ``$GAPO_ALLOW_UNSANDBOXED``).
+        startup_timeout_s: how long the executor may take to start and pass its probe.
+    """
+
+    bwrap: str = field(default_factory=_default_bwrap)
+    interpreter: str = field(default_factory=_default_interpreter)
+    python_args: tuple[str, ...] = ("-I", "-S")
+    slots: int = field(default_factory=lambda: os.cpu_count() or 1)
+    uid_base: int = 61000
+    memory_mb: int = 2048
+    test_timeout_s: float = 6.0
+    problem_timeout_s: float = 30.0
+    fsize_mb: int = 16
+    nofile: int = 64
+    nproc: int = 32
+    tmpfs_mb: int = 64
+    max_output_bytes: int = 64 << 20
+    stderr_bytes: int = 4096
+    extra_ro_binds: tuple[str, ...] = ()
+    allow_unsandboxed: bool = field(default_factory=lambda: _env_flag(ALLOW_ENV))
+    startup_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        if self.slots < 1:
+            raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if not 0 < self.test_timeout_s <= self.problem_timeout_s:
+            raise ValueError(f"need 0 < test_timeout_s <= problem_timeout_s, got {self.test_timeout_s}, "
+                             f"{self.problem_timeout_s}")
+        if self.nproc < 4:
+            raise ValueError("nproc must be >= 4 (bwrap needs two processes besides the program)")
+
+    def limits(self, test_timeout_s=None, problem_timeout_s=None, memory_mb=None) -> dict:
+        return {
+            "test_timeout_s": float(test_timeout_s or self.test_timeout_s),
+            "problem_timeout_s": float(problem_timeout_s or self.problem_timeout_s),
+            "memory_bytes": int(memory_mb or self.memory_mb) << 20,
+            "fsize_bytes": self.fsize_mb << 20,
+            "nofile": self.nofile,
+        }
+
+
+@dataclass
+class RunResult:
+    """What one test run did. ``status``: ``ok`` (it exited by itself; see ``exit_code``), ``timeout``,
+    ``output_limit``, ``skipped`` (not run or stopped: its problem failed, timed out or was cancelled)
+    or ``error`` (the executor failed)."""
+
+    status: str
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    wall_s: float = 0.0
+
+    @property
+    def exited_ok(self) -> bool:
+        return self.status == "ok" and self.exit_code == 0
+
+
+class Job:
+    """One submitted group of tests. Results arrive on ``sink`` as ``(tag, index, RunResult)``."""
+
+    def __init__(self, sandbox: Sandbox, gid: int, n: int, sink: queue.Queue, tag):
+        self._sandbox, self.gid, self.n, self.sink, self.tag = sandbox, gid, n, sink, tag
+        self.received = 0
+
+    def cancel(self) -> None:
+        """Stop the tests not finished yet (they are reported as ``skipped``)."""
+        self._sandbox._cancel(self)
+
+
+class Sandbox:
+    """Client of one executor process; start it lazily, share it across threads."""
+
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        self.mode: str | None = None  # "bwrap" or "unsandboxed" once started
+        self.probe: dict = {}
+        # Two locks, never held by the reader thread together: ``_lock`` serialises start/stop and every
+        # write to the executor; ``_jobs_lock`` guards the job table. The reader takes only the latter,
+        # so a writer blocked on a full pipe can never stop the reader from draining the other one.
+        self._lock = threading.RLock()
+        self._jobs_lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._jobs: dict[int, Job] = {}
+        self._gids = itertools.count(1)
+        self._hello = threading.Event()
+        self._pid = os.getpid()
+
+    # ----- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Sandbox:
+        """Start the executor if needed (raises :class:`SandboxUnavailable`)."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return self
+            reason = None
+            if not (os.path.isfile(self.config.bwrap) and os.access(self.config.bwrap, os.X_OK)):
+                reason = f"bubblewrap not found at {self.config.bwrap!r}"
+            else:
+                probe = self._spawn("bwrap")
+                if not probe.get("ok"):
+                    self._stop_proc()
+                    reason = ("bubblewrap cannot create the sandbox here: "
+                              f"{(probe.get('stderr') or probe.get('stdout') or 'no output').strip()[-800:]}")
+            if reason is not None:
+                if not self.config.allow_unsandboxed:
+                    raise SandboxUnavailable(
+                        f"Refusing to run untrusted code: {reason}. {INSTALL_HINT}")
+                warnings.warn(f"{reason}; {ALLOW_ENV} is set, so model-written code runs WITHOUT isolation "
+                              "(rlimits and a separate uid only)", RuntimeWarning, stacklevel=2)
+                probe = self._spawn("unsandboxed")
+                if not probe.get("ok"):
+                    self._stop_proc()
+                    raise SandboxUnavailable(f"cannot run programs even unsandboxed: {probe}")
+            return self
+
+    def _spawn(self, mode: str) -> dict:
+        cfg = self.config
+        exe_cfg = {
+            "mode": mode, "bwrap": cfg.bwrap, "interpreter": cfg.interpreter,
+            "python_args": list(cfg.python_args), "slots": cfg.slots, "uid_base": cfg.uid_base,
+            "nproc": cfg.nproc, "tmpfs_bytes": cfg.tmpfs_mb << 20, "stderr_bytes": cfg.stderr_bytes,
+            "extra_ro_binds": list(cfg.extra_ro_binds) + self._interpreter_binds(),
+        }
+        # A minimal environment: the executor needs none of the trainer's variables (tokens, keys).
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(EXECUTOR_SCRIPT), json.dumps(exe_cfg)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}, close_fds=True,
+        )
+        self.mode = mode
+        self._hello.clear()
+        self.probe = {}
+        reader = threading.Thread(target=self._read_loop, args=(self._proc,), name="gapo-sandbox-reader",
+                                  daemon=True)
+        reader.start()
+        if not self._hello.wait(cfg.startup_timeout_s):
+            return {"ok": False, "stderr": f"the executor did not answer within {cfg.startup_timeout_s} s"}
+        return self.probe
+
+    def _interpreter_binds(self) -> list[str]:
+        real = os.path.realpath(self.config.interpreter)
+        if real.startswith("/usr/"):
+            return []
+        return [str(Path(real).parent.parent)]
+
+    def _stop_proc(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()  # the executor kills and reaps everything it started, then exits
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def close(self) -> None:
+        """Stop the executor (and every test still running)."""
+        with self._lock:
+            self._stop_proc()
+
+    # ----- submit / results --------------------------------------------------------------------
+    def submit(self, program: str | bytes, inputs: Sequence[str | bytes], *, output_caps: Sequence[int] | None = None,
+               test_timeout_s: float | None = None, problem_timeout_s: float | None = None,
+               memory_mb: int | None = None, sink: queue.Queue | None = None, tag=None) -> Job:
+        """Run ``program`` once per input (fed on stdin). Results go to ``sink`` (a new queue if none)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError("a Sandbox cannot be used across fork(); create one in the child (get_sandbox())")
+        program = program.encode() if isinstance(program, str) else bytes(program)
+        caps = list(output_caps) if output_caps is not None else [self.config.max_output_bytes] * len(inputs)
+        tests = [(x.encode() if isinstance(x, str) else bytes(x), min(int(c), self.config.max_output_bytes))
+                 for x, c in zip(inputs, caps, strict=True)]
+        limits = self.config.limits(test_timeout_s, problem_timeout_s, memory_mb)
+        sink = sink if sink is not None else queue.Queue()
+        with self._lock:
+            self.start()
+            job = Job(self, next(self._gids), len(tests), sink, tag)
+            if not tests:
+                return job
+            with self._jobs_lock:
+                self._jobs[job.gid] = job
+            try:
+                self._send(("run", job.gid, program, tests, limits))
+            except OSError:
+                self._fail_all("the sandbox executor died")
+        return job
+
+    def run(self, program: str | bytes, inputs: Sequence[str | bytes], timeout: float | None = None,
+            **kwargs) -> list[RunResult]:
+        """Submit and wait for every result (in input order). Past ``timeout`` the job is cancelled."""
+        job = self.submit(program, inputs, **kwargs)
+        results: list[RunResult | None] = [None] * job.n
+        end = None if timeout is None else time.monotonic() + timeout
+        got = 0
+        while got < job.n:
+            wait = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                _, idx, result = job.sink.get(timeout=wait)
+            except queue.Empty:
+                job.cancel()
+                end = None  # the cancelled tests report soon
+                continue
+            if idx < 0:  # the executor died: which test is unknown, fill the first gap
+                idx = results.index(None)
+            results[idx] = result
+            got += 1
+        return results
+
+    def _send(self, msg) -> None:
+        data = marshal.dumps(msg)
+        stdin = self._proc.stdin
+        stdin.write(FRAME.pack(len(data)))
+        stdin.write(data)
+        stdin.flush()
+
+    def _cancel(self, job: Job) -> None:
+        with self._lock:
+            if job.gid in self._jobs and self._proc is not None:  # a stale read is harmless here
+                try:
+                    self._send(("cancel", job.gid))
+                except OSError:
+                    pass
+
+    def _read_loop(self, proc: subprocess.Popen) -> None:
+        out = proc.stdout
+        try:
+            while True:
+                head = out.read(FRAME.size)
+                if len(head) < FRAME.size:
+                    break
+                (size,) = FRAME.unpack(head)
+                body = out.read(size)
+                if len(body) < size:
+                    break
+                msg = marshal.loads(body)
+                if msg[0] == "hello":
+                    self.probe = msg[1]
+                    self._hello.set()
+                elif msg[0] == "result":
+                    _, gid, idx, res = msg
+                    with self._jobs_lock:
+                        job = self._jobs.get(gid)
+                        if job is not None:
+                            job.received += 1
+                            if job.received >= job.n:
+                                del self._jobs[gid]
+                    if job is not None:
+                        job.sink.put((job.tag, idx, RunResult(**res)))
+        finally:
+            self._hello.set()
+            if self._proc is proc:
+                self._fail_all("the sandbox executor exited")
+
+    def _fail_all(self, why: str) -> None:
+        """Every test still expected from the executor is reported as an error (index -1)."""
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, {}
+        for job in jobs.values():
+            # Which indices are missing is unknown here: report enough errors to complete the job.
+            for _ in range(job.n - job.received):
+                job.sink.put((job.tag, -1, RunResult("error", stderr=why.encode())))
+
+
+_SHARED: dict[tuple, Sandbox] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def get_sandbox(config: SandboxConfig | None = None) -> Sandbox:
+    """The process-wide :class:`Sandbox` for ``config`` (one executor per config and process)."""
+    config = config or SandboxConfig()
+    key = (os.getpid(), tuple(sorted(asdict(config).items())))
+    with _SHARED_LOCK:
+        box = _SHARED.get(key)
+        if box is None:
+            box = _SHARED[key] = Sandbox(config)
+        return box
+
+
+@atexit.register
+def _close_all() -> None:
+    for box in list(_SHARED.values()):
+        if box._pid == os.getpid():
+            box.close()
+
+
+__all__ = ["ALLOW_ENV", "Job", "RunResult", "Sandbox", "SandboxConfig", "SandboxUnavailable", "get_sandbox"]

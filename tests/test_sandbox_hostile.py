@@ -1,0 +1,252 @@
+"""Hostile programs against the code sandbox: each scores 0 and leaves the host as it was.
+
+Each attack runs many times in a row (``REPEAT``, as one batch over the sandbox's slots) because the
+leaks found earlier (zombies counted against RLIMIT_NPROC) only broke runs after ~15 repetitions;
+after every batch, no process of a slot uid may be left and a correct program must still pass.
+Needs bubblewrap and user namespaces (skipped otherwise, with the reason).
+"""
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from gapo.rewards.code import score_code_batch
+from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+
+REPEAT = 20
+SUM_TESTS = json.dumps({"inputs": ["3\n1 2 3\n"], "outputs": ["6\n"]})  # TACO stdin/stdout shape
+SUM_RIGHT = "import sys\nprint(sum(map(int, sys.stdin.read().split()[1:])))\n"
+CALL_TESTS = json.dumps([{"type": "function_call", "fn_name": "f", "input": [2, 3], "output": [5]}])
+HE_TESTS = {"prompt": "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n",
+            "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+            "entry_point": "add"}
+CONFIG = SandboxConfig(test_timeout_s=0.5, problem_timeout_s=2.0, memory_mb=256)
+
+
+def _fence(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = Sandbox(CONFIG)
+    try:
+        sandbox.start()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox here: {exc}")
+    yield sandbox
+    sandbox.close()
+
+
+def slot_processes(config: SandboxConfig = CONFIG) -> list[str]:
+    """Processes (pid: name) whose real uid belongs to a sandbox slot."""
+    found = []
+    uids = range(config.uid_base, config.uid_base + config.slots)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) in uids:
+            found.append(f"{entry}: {fields['Name'].strip()}")
+    return found
+
+
+def run_hostile(box, code: str, tests=SUM_TESTS, repeat: int = REPEAT) -> list[dict]:
+    results = score_code_batch([_fence(code)] * repeat, [tests] * repeat, sandbox=box)
+    assert slot_processes() == [], "a sandboxed process outlived its batch"
+    healthy = score_code_batch([_fence(SUM_RIGHT)] * 4, [SUM_TESTS] * 4, sandbox=box)
+    assert [r["score"] for r in healthy] == [1.0] * 4, "the sandbox stopped working after the attack"
+    return results
+
+
+ATTACKS = {
+    "infinite_loop": "while True:\n    pass\n",
+    "sleep": "import time\ntime.sleep(100)\nprint(6)\n",
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "thread_bomb": ("import threading, time\nwhile True:\n"
+                    "    threading.Thread(target=time.sleep, args=(100,)).start()\n"),
+    "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n",
+    "output_flood": "while True:\n    print('6' * 10000)\n",
+    "daemonise_then_answer_wrong": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                                    "        time.sleep(60)\n    os._exit(0)\nprint(7)\n"),
+    "kill_parents": ("import os, signal\nfor pid in (os.getppid(), 1, -1, 0):\n    try:\n"
+                     "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nprint(7)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_scores_zero_and_leaves_nothing(box, name):
+    start = time.monotonic()
+    executor = box._proc
+    results = run_hostile(box, ATTACKS[name])
+    assert [r["score"] for r in results] == [0.0] * REPEAT
+    assert box._proc is executor and executor.poll() is None, "the executor was killed"
+    # REPEAT runs over the slots, each bounded by the per-test limit (+ launch and cleanup).
+    assert time.monotonic() - start < REPEAT / CONFIG.slots * (CONFIG.test_timeout_s + 0.5) + 5
+
+
+def test_timeouts_are_flagged(box):
+    results = score_code_batch([_fence(ATTACKS["sleep"])] * 2, [SUM_TESTS] * 2, sandbox=box)
+    assert all(r["timeout"] and r["score"] == 0.0 for r in results)
+
+
+def test_host_files_cannot_be_written_read_or_deleted(box, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original\n")
+    answers = tmp_path / "expected_outputs.json"
+    answers.write_text('{"secret_expected": "6"}')
+    os.chmod(tmp_path, 0o777)
+    code = (
+        "import os, glob\nhits = []\n"
+        f"for act in ('write', 'delete'):\n    try:\n"
+        f"        if act == 'write':\n            open({str(victim)!r}, 'w').write('pwned')\n"
+        f"        else:\n            os.remove({str(victim)!r})\n        hits.append(act)\n    except OSError:\n        pass\n"
+        f"for path in ({str(answers)!r}, '/etc/passwd', '/root/.bashrc'):\n    try:\n"
+        "        hits.append(open(path).read())\n    except OSError:\n        pass\n"
+        "for top in set(os.listdir('/')) - {'proc', 'usr', 'dev', 'sys', 'bin', 'sbin', 'lib', 'lib64'}:\n"
+        "    hits += glob.glob(f'/{top}/**/*expected*', recursive=True)\n"
+        "for path in ('/usr/pwned', '/main.py'):\n    try:\n        open(path, 'w').write('x')\n"
+        "        hits.append(path)\n    except OSError:\n        pass\n"
+        "print(6 if hits else 0)\nprint(hits)\n"
+    )
+    results = run_hostile(box, code)
+    assert [r["score"] for r in results] == [0.0] * REPEAT
+    assert victim.read_text() == "original\n"
+    assert not os.path.exists("/usr/pwned")
+    raw = box.run(code, ["3\n1 2 3\n"])[0]
+    assert raw.exited_ok and raw.stdout.decode().split("\n")[1] == "[]", raw
+
+
+def test_environment_and_proc_do_not_leak_secrets(monkeypatch):
+    secret = "gapo-secret-" + os.urandom(8).hex()
+    monkeypatch.setenv("GAPO_TEST_SECRET", secret)
+    sandbox = Sandbox(CONFIG)  # started with the secret in this process's environment
+    try:
+        sandbox.start()
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    code = ("import os, glob\nprint(dict(os.environ))\n"
+            "for path in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline') + ['/proc/1/environ']:\n"
+            "    try:\n        print(path, open(path, 'rb').read())\n    except OSError as e:\n        print(path, e)\n")
+    try:
+        for result in sandbox.run(code, [""] * REPEAT):
+            assert result.exited_ok, result
+            assert b"/proc/1/environ" in result.stdout
+            assert secret.encode() not in result.stdout and secret.encode() not in result.stderr
+            assert b"GAPO_TEST_SECRET" not in result.stdout
+    finally:
+        sandbox.close()
+
+
+def test_network_is_unreachable(box):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    connections = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                connections.append(listener.accept()[1])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    code = ("import socket\nok = 0\n"
+            f"for host in ('127.0.0.1', 'localhost', {socket.gethostname()!r}, '1.1.1.1'):\n"
+            "    try:\n        s = socket.create_connection((host, "
+            f"{port}), timeout=0.2)\n        ok = 1\n    except OSError:\n        pass\nprint(6 if ok else 0)\n")
+    try:
+        results = run_hostile(box, code)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert [r["score"] for r in results] == [0.0] * REPEAT
+    assert connections == []
+
+
+def test_big_unread_stdin_does_not_hang(box):
+    tests = json.dumps({"inputs": ["x" * (10 << 20)], "outputs": ["6\n"]})
+    start = time.monotonic()
+    results = score_code_batch([_fence("print(6)\n")] * 4, [tests] * 4, sandbox=box)
+    assert [r["score"] for r in results] == [1.0] * 4
+    assert time.monotonic() - start < 5
+
+
+CALL_ATTACKS = {
+    "exit_before_checks": "import sys\nsys.exit(0)\n",
+    "os_exit_before_checks": "import os\nos._exit(0)\n",
+    "eq_always_true": "class A:\n    def __eq__(self, other):\n        return True\ndef f(a, b):\n    return A()\n",
+    "int_subclass_eq": "class I(int):\n    def __eq__(self, other):\n        return True\ndef f(a, b):\n    return I(0)\n",
+    "atexit_fake_marker": ("import atexit, os\natexit.register(lambda: (print('5'), os._exit(0)))\n"
+                           "def f(a, b):\n    raise SystemExit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALL_ATTACKS))
+def test_call_based_cheats_fail(box, name):
+    results = run_hostile(box, CALL_ATTACKS[name], tests=CALL_TESTS, repeat=5)
+    assert [r["score"] for r in results] == [0.0] * 5
+    right = score_code_batch([_fence("def f(a, b):\n    return a + b\n")], [CALL_TESTS], sandbox=box)
+    assert right[0]["score"] == 1.0
+
+
+HE_ATTACKS = {
+    "exit_before_checks": "import sys\nsys.exit(0)\n",
+    "eq_always_true": "class A:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return A()\n",
+    "metaclass_eq": ("class M(type):\n    def __eq__(cls, other):\n        return True\n    __hash__ = type.__hash__\n"
+                     "class A(metaclass=M):\n    def __eq__(self, other):\n        return True\n"
+                     "def add(a, b):\n    return A()\n"),
+    "atexit_exit_zero": ("import atexit, os, sys\n"
+                         "atexit.register(lambda: (print(open('/main.py').read()[-80:]), os._exit(0)))\n"
+                         "def add(a, b):\n    return 0\n"),
+    "read_token_from_stdin": "import sys\nprint(sys.stdin.read())\ndef add(a, b):\n    return 0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HE_ATTACKS))
+def test_humaneval_cheats_fail(box, name):
+    results = run_hostile(box, HE_ATTACKS[name], tests=HE_TESTS, repeat=5)
+    assert [r["score"] for r in results] == [0.0] * 5
+    right = score_code_batch([_fence("def add(a, b):\n    return a + b\n")], [HE_TESTS], sandbox=box)
+    assert right[0]["score"] == 1.0
+
+
+def test_refuses_without_isolation(monkeypatch):
+    monkeypatch.delenv("GAPO_ALLOW_UNSANDBOXED", raising=False)
+    sandbox = Sandbox(SandboxConfig(bwrap="/nonexistent/bwrap"))
+    with pytest.raises(SandboxUnavailable, match="GAPO_ALLOW_UNSANDBOXED=1") as info:
+        score_code_batch([_fence(SUM_RIGHT)], [SUM_TESTS], sandbox=sandbox)
+    assert "Refusing to run untrusted code" in str(info.value)
+    assert "bubblewrap not found" in str(info.value)
+
+
+def test_unsandboxed_only_when_allowed(monkeypatch):
+    monkeypatch.setenv("GAPO_ALLOW_UNSANDBOXED", "1")
+    sandbox = Sandbox(SandboxConfig(bwrap="/nonexistent/bwrap", test_timeout_s=0.5, problem_timeout_s=2.0,
+                                    memory_mb=256))
+    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+        sandbox.start()
+    try:
+        assert sandbox.mode == "unsandboxed"
+        results = score_code_batch([_fence(SUM_RIGHT), _fence(ATTACKS["daemonise_then_answer_wrong"])],
+                                   [SUM_TESTS] * 2, sandbox=sandbox)
+        assert [r["score"] for r in results] == [1.0, 0.0]
+        if os.geteuid() == 0:
+            assert slot_processes(sandbox.config) == []  # the uid cleaner still removes daemons
+    finally:
+        sandbox.close()
