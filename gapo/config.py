@@ -27,12 +27,16 @@ class GAPOConfig:
             scores) is strictly greater than this. 0.5 splits binary {0, 1} rewards.
         diagnostics: log the paper's per-c diagnostics (clip fraction and mean |ratio - 1| of
             positive-advantage rollouts, per group success count c) every step.
+        mask_truncated: DeepCoder's overlong filtering: responses cut at data.max_response_length get zero
+            advantage, so they add no gradient (they still count in the loss's token normalisation and,
+            as failures, in their group's success count). Applied by the GAPO trainer for every loss mode.
     """
 
     eps_high_max: Optional[float] = None
     schedule: str = "linear"
     success_threshold: float = 0.5
     diagnostics: bool = True
+    mask_truncated: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:

@@ -124,3 +124,26 @@ def test_gapo_trainer_refuses_a_bad_config_before_building_anything():
 
     with pytest.raises(GAPOConfigError, match="rollout.n=1"):
         GAPOTrainer(compose_cfg("smoke_cpu", ["actor_rollout_ref.rollout.n=1"]))
+
+
+def test_zero_rows_zeroes_only_the_truncated_rollouts():
+    import torch
+
+    from gapo.verl_plugin.trainer import zero_rows
+
+    nested = torch.nested.as_nested_tensor([torch.ones(3), torch.full((5,), 2.0), torch.ones(2)], layout=torch.jagged)
+    out = zero_rows(nested, torch.tensor([False, True, False])).unbind()
+    assert [t.tolist() for t in out] == [[1.0] * 3, [0.0] * 5, [1.0] * 2]
+
+
+def test_yaml_lists_every_gapo_knob_with_the_dataclass_default():
+    """base/gapo.yaml repeats GAPOConfig's fields so that overrides need no '+'; the values must not drift."""
+    import dataclasses
+
+    from gapo.config import GAPOConfig
+
+    node = compose_cfg().actor_rollout_ref.actor.policy_loss
+    for f in dataclasses.fields(GAPOConfig):
+        assert f.name in node, f"configs/base/gapo.yaml lacks policy_loss.{f.name}"
+        if f.name != "eps_high_max":  # the paper's value for the default config, on purpose
+            assert node[f.name] == f.default, f.name

@@ -28,6 +28,7 @@ def math_run(tmp_path_factory):
         "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "reward.custom_reward_function.path=pkg://gapo.rewards",
+        "actor_rollout_ref.actor.policy_loss.mask_truncated=true",
         "trainer.val_before_train=true", "trainer.save_freq=-1", "trainer.project_name=gapo_math_cpu",
     ]
     return read_metrics(train(out, "math", 1, overrides))
@@ -41,6 +42,8 @@ def test_math_reward_runs_in_the_trainer_and_logs_its_fields(math_run):
         assert key in train_step, f"{key} missing: the math reward's extra fields did not reach the metrics"
     assert train_step["reward/timeout/mean"] == 0.0
     assert train_step["reward/format_error/mean"] > 0  # no \\boxed{} in random text: a format failure
+    # overlong filtering found the truncated responses: the same fraction verl reports as clipped lengths
+    assert train_step["gapo/truncated_frac"] == pytest.approx(train_step["response_length/clip_ratio"])
 
 
 @pytest.mark.slow

@@ -65,7 +65,23 @@ class GAPOTrainer(PPOTrainerSync):
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         metrics.update(self._group_metrics(num_correct[real], group_size[real], scores[real]))
         metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real) if r]))
-        return super()._compute_advantage(batch, metrics)
+        batch = super()._compute_advantage(batch, metrics)
+        if self._gapo.mask_truncated:
+            batch = self._mask_truncated(batch, data["rm_scores"], metrics)
+        return batch
+
+    def _mask_truncated(self, batch, token_scores, metrics):
+        """Overlong filtering (DeepCoder): responses cut at data.max_response_length get zero advantage."""
+        lengths = token_scores.offsets().diff() if token_scores.is_nested else torch.full(
+            (len(batch),), token_scores.shape[-1])
+        truncated = lengths >= self.config.data.max_response_length
+        metrics["gapo/truncated_frac"] = truncated.float().mean().item()
+        if not truncated.any():
+            return batch
+        advantages = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                     select_fields=["advantages"])["advantages"]
+        fields = TensorDict({"advantages": zero_rows(advantages, truncated)}, batch_size=len(batch))
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
 
     def _group_metrics(self, num_correct, group_size, scores) -> dict[str, float]:
         """Group mix and the thresholds the loss will use for correct rollouts of mixed groups (exact)."""
@@ -89,6 +105,12 @@ class GAPOTrainer(PPOTrainerSync):
         batch = super()._update_actor(batch, metrics)
         metrics.update(diagnostics_from_sums(metrics))
         return batch
+
+
+def zero_rows(nested: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A jagged nested (B, *) tensor with the rows where `rows` is True set to zero."""
+    parts = [t * 0 if drop else t for t, drop in zip(nested.unbind(), rows.tolist())]
+    return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
 
 
 def _as_list(values) -> list:

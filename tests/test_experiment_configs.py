@@ -1,4 +1,4 @@
-"""Every math experiment and baseline config composes with hydra and builds verl's config dataclasses."""
+"""Every math and code experiment and baseline config composes with hydra and builds verl's config dataclasses."""
 
 from pathlib import Path
 
@@ -12,40 +12,45 @@ from gapo.verl_plugin.config import GAPOPolicyLossConfig
 from gapo.verl_plugin.validate import validate_gapo_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-MATH = sorted(p.stem for p in (CONFIGS / "math").glob("*.yaml"))
-# stages 2 and 3 start from the previous stage's exported model: a mandatory value
-NEEDS_MODEL = {"r1_1.5b_gapo_stage2_16k", "r1_1.5b_gapo_stage3_24k"}
+EXPERIMENTS = sorted(f"{group}/{p.stem}" for group in ("math", "code") for p in (CONFIGS / group).glob("*.yaml"))
+# later stages start from the previous stage's exported model: a mandatory value
+NEEDS_MODEL = {"math/r1_1.5b_gapo_stage2_16k", "math/r1_1.5b_gapo_stage3_24k", "code/r1_1.5b_deepcoder_32k",
+               "code/r1_1.5b_gapo_token_32k"}
 
 # name -> (loss_mode, clip_ratio_low, clip_ratio_high, loss_agg_mode, adv_estimator, max_response_length)
 EXPECTED = {
-    "r1_1.5b_gapo": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
-    "r1_1.5b_gapo_stage1_8k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 8192),
-    "r1_1.5b_gapo_stage2_16k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 16384),
-    "r1_1.5b_gapo_stage3_24k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
-    "r1_1.5b_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
-    "r1_1.5b_gapo_constant": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
-    "r1_1.5b_grpo": ("vanilla", 0.2, 0.2, "token-mean", "grpo", 24576),
-    "r1_1.5b_dapo": ("vanilla", 0.2, 0.28, "token-mean", "grpo", 24576),
-    "r1_1.5b_focal_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "focal_grpo", 24576),
-    "qwen_math_1.5b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
-    "qwen_math_1.5b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
-    "qwen_math_1.5b_gapo_token": ("gapo_token", 0.2, 0.28, "token-mean", "grpo", 3072),
-    "llama3.2_3b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 4096),
-    "llama3.2_3b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 4096),
+    "math/r1_1.5b_gapo": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "math/r1_1.5b_gapo_stage1_8k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 8192),
+    "math/r1_1.5b_gapo_stage2_16k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 16384),
+    "math/r1_1.5b_gapo_stage3_24k": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "math/r1_1.5b_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "math/r1_1.5b_gapo_constant": ("gapo", 7e-5, 3e-4, "seq-mean-token-mean", "grpo", 24576),
+    "math/r1_1.5b_grpo": ("vanilla", 0.2, 0.2, "token-mean", "grpo", 24576),
+    "math/r1_1.5b_dapo": ("vanilla", 0.2, 0.28, "token-mean", "grpo", 24576),
+    "math/r1_1.5b_focal_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "focal_grpo", 24576),
+    "math/qwen_math_1.5b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
+    "math/qwen_math_1.5b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
+    "math/qwen_math_1.5b_gapo_token": ("gapo_token", 0.2, 0.28, "token-mean", "grpo", 3072),
+    "math/llama3.2_3b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 4096),
+    "math/llama3.2_3b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 4096),
+    "code/r1_1.5b_deepcoder": ("vanilla", 0.2, 0.28, "token-mean", "grpo", 16384),
+    "code/r1_1.5b_deepcoder_32k": ("vanilla", 0.2, 0.28, "token-mean", "grpo", 32768),
+    "code/r1_1.5b_gapo_token": ("gapo_token", 0.2, 0.28, "token-mean", "grpo", 16384),
+    "code/r1_1.5b_gapo_token_32k": ("gapo_token", 0.2, 0.28, "token-mean", "grpo", 32768),
 }
 
 
 def _compose(name, overrides=()):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        return compose(f"math/{name}", overrides=list(overrides))
+        return compose(name, overrides=list(overrides))
 
 
 def test_every_config_file_is_covered():
-    assert set(MATH) == set(EXPECTED)
+    assert set(EXPERIMENTS) == set(EXPECTED)
 
 
-@pytest.mark.parametrize("name", MATH)
-def test_math_config_composes_and_builds_verl_dataclasses(name):
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_config_composes_and_builds_verl_dataclasses(name):
     cfg = _compose(name, ["actor_rollout_ref.model.path=/models/prev"] if name in NEEDS_MODEL else [])
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
@@ -66,9 +71,13 @@ def test_math_config_composes_and_builds_verl_dataclasses(name):
     assert not cfg.algorithm.use_kl_in_reward and cfg.algorithm.norm_adv_by_std_in_grpo is False
     assert cfg.actor_rollout_ref.rollout.temperature == 0.6
     assert cfg.reward.custom_reward_function.path == "pkg://gapo.rewards"
-    assert cfg.trainer.experiment_name == name and cfg.trainer.v1.trainer_mode == "gapo"
+    assert cfg.trainer.experiment_name == name.split("/")[1] and cfg.trainer.v1.trainer_mode == "gapo"
     # dynamic batching packs by tokens: the longest sequence must fit one micro-batch
     assert actor.ppo_max_token_len_per_gpu >= cfg.data.max_prompt_length + cfg.data.max_response_length
+    # DeepCoder's recipe: truncated responses masked (overlong filtering); R1-Distill needs </think>
+    assert actor.policy_loss.mask_truncated is name.startswith("code/")
+    if name.startswith("code/") or "/r1_" in name:
+        assert cfg.reward.custom_reward_function.reward_kwargs.require_think is True
     if adv == "focal_grpo":
         assert isinstance(algorithm, FocalAlgoConfig) and algorithm.focal_gamma >= 0
 
