@@ -31,6 +31,25 @@ def _fence(code: str) -> str:
     return f"```python\n{code}```"
 
 
+def test_concurrent_executors_claim_distinct_uids():
+    """Reward workers each run an executor: they must never share a slot uid (a cleaner would kill the other's
+    programs). A second executor started while the first lives gets other uids."""
+    if os.geteuid() != 0:
+        pytest.skip("uids per slot need root")
+    first, second = Sandbox(CONFIG), Sandbox(CONFIG)
+    try:
+        first.start()
+        second.start()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox here: {exc}")
+    try:
+        a, b = set(first.probe["uids"]), set(second.probe["uids"])
+        assert len(a) == CONFIG.slots and len(b) == CONFIG.slots and not a & b
+    finally:
+        first.close()
+        second.close()
+
+
 @pytest.fixture(scope="module")
 def box():
     sandbox = Sandbox(CONFIG)
@@ -42,10 +61,10 @@ def box():
     sandbox.close()
 
 
-def slot_processes(config: SandboxConfig = CONFIG) -> list[str]:
-    """Processes (pid: name) whose real uid belongs to a sandbox slot."""
+def slot_processes(sandbox: Sandbox) -> list[str]:
+    """Processes (pid: name) whose real uid is one of the uids this sandbox's executor claimed."""
     found = []
-    uids = range(config.uid_base, config.uid_base + config.slots)
+    uids = set(sandbox.probe.get("uids", []))
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -62,7 +81,7 @@ def slot_processes(config: SandboxConfig = CONFIG) -> list[str]:
 
 def run_hostile(box, code: str, tests=SUM_TESTS, repeat: int = REPEAT) -> list[dict]:
     results = score_code_batch([_fence(code)] * repeat, [tests] * repeat, sandbox=box)
-    assert slot_processes() == [], "a sandboxed process outlived its batch"
+    assert slot_processes(box) == [], "a sandboxed process outlived its batch"
     healthy = score_code_batch([_fence(SUM_RIGHT)] * 4, [SUM_TESTS] * 4, sandbox=box)
     assert [r["score"] for r in healthy] == [1.0] * 4, "the sandbox stopped working after the attack"
     return results
@@ -247,6 +266,6 @@ def test_unsandboxed_only_when_allowed(monkeypatch):
                                    [SUM_TESTS] * 2, sandbox=sandbox)
         assert [r["score"] for r in results] == [1.0, 0.0]
         if os.geteuid() == 0:
-            assert slot_processes(sandbox.config) == []  # the uid cleaner still removes daemons
+            assert slot_processes(sandbox) == []  # the uid cleaner still removes daemons
     finally:
         sandbox.close()

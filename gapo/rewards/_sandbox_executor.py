@@ -29,6 +29,7 @@ once. Deadlines: per test (from its start) and per group (from its first test's 
 """
 
 import ctypes
+import fcntl
 import json
 import marshal
 import os
@@ -127,6 +128,9 @@ class Executor:
         self.stdin_buf = bytearray()
         self.stdin_open = True
         self.nproc = cfg["nproc"]
+        # Several executors run at once on a node (one per reward worker, per test process...): each claims
+        # its own uids, or one executor's cleaner would kill another's programs and count them as leftovers.
+        self.uids = _claim_uids(cfg["slots"], cfg["uid_base"], cfg.get("uid_span", 4096)) if self.root else []
         if not self.root:
             # Shared-uid mode: NPROC counts every task of our uid (the trainer's threads too), so the
             # cap is "what exists now" plus a per-slot budget. Weaker than a uid per slot: see docs.
@@ -163,7 +167,7 @@ class Executor:
         return a + py + [PROGRAM_PATH]
 
     def _uid(self, slot: int) -> int:
-        return self.cfg["uid_base"] + slot
+        return self.uids[slot]
 
     def start_run(self, group: Group, slot: int) -> None:
         idx = group.next
@@ -507,7 +511,7 @@ class Executor:
         self.add_group(group)
         self.loop(until=lambda: bool(got))
         out = got["stdout"].decode(errors="replace").strip()
-        info = {"mode": self.cfg["mode"], "root": self.root, "stdout": out,
+        info = {"mode": self.cfg["mode"], "root": self.root, "uids": self.uids, "stdout": out,
                 "stderr": got["stderr"].decode(errors="replace")[-2000:]}
         try:
             seen = json.loads(out)["root"]
@@ -539,6 +543,34 @@ class Executor:
                 self.reap()
                 time.sleep(0.002)
         self.reap()
+
+
+UID_LOCK_DIR = "/tmp/gapo-sandbox-uids"
+
+
+def _claim_uids(count: int, base: int, span: int) -> list[int]:
+    """``count`` uids from [base, base + span) that no other live executor on this host holds.
+
+    Each claim is an exclusive flock on a per-uid file, held (fd kept open, not inheritable) until this
+    process exits, so the kernel releases it even after a crash. A uid is also skipped while processes of
+    it still run (left by an executor that died).
+    """
+    os.makedirs(UID_LOCK_DIR, mode=0o700, exist_ok=True)
+    uids = []
+    for uid in range(base, base + span):
+        fd = os.open(os.path.join(UID_LOCK_DIR, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        if _tasks_of_uid(uid):
+            os.close(fd)
+            continue
+        uids.append(uid)  # fd stays open: the lock lives as long as this process
+        if len(uids) == count:
+            return uids
+    raise RuntimeError(f"no {count} free sandbox uids in [{base}, {base + span}): too many executors on this host")
 
 
 def _tasks_of_uid(uid: int, exclude: int = -1) -> int:

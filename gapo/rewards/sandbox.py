@@ -85,8 +85,9 @@ class SandboxConfig:
         python_args: ``-I`` isolates from ``PYTHON*`` variables and the user site; ``-S`` skips
             ``site`` (stdlib only, as on contest judges; it also halves start-up time).
         slots: tests run at once (default: CPU count). Each slot has its own uid.
-        uid_base: slot ``i`` runs as uid ``uid_base + i`` (only when the executor is root); pick a
-            range no real account uses.
+        uid_base: slots run as uids claimed from ``[uid_base, uid_base + 4096)`` (only when the executor
+            is root): each executor on the host locks its own (``/tmp/gapo-sandbox-uids``), so concurrent
+            executors never share a uid. Pick a range no real account uses.
         memory_mb: ``RLIMIT_AS`` per test process.
         test_timeout_s / problem_timeout_s: wall-clock limits per test (from its start) and per problem
             (from its first test's start). ``RLIMIT_CPU`` is the test limit + 1 s.
