@@ -18,8 +18,8 @@ EPS_LOW ?= 0.2
 EPS_HIGH_MAX ?= 0.28
 SCHEDULE ?= linear
 
-# Debian packages: bubblewrap (the code reward's sandbox), shellcheck (tests of launch/ scripts)
-SYSTEM_PACKAGES ?= bubblewrap shellcheck
+# Debian packages: bubblewrap (the code reward's sandbox), python3-numpy (imported by HumanEval+'s tests
+# inside the sandbox, which runs the system python3), shellcheck (tests of launch/ scripts)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install system-deps test test-fast smoke bench table clean
@@ -27,6 +27,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	command -v shellcheck >/dev/null || missing="$$missing shellcheck"; \
+	/usr/bin/python3 -c "import numpy" 2>/dev/null || missing="$$missing python3-numpy"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  ($(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) \

@@ -199,6 +199,16 @@ def test_humaneval_test_as_string_with_entry_point_in_extra_info(box):
     assert out["score"] == 1.0
 
 
+def test_humaneval_ground_truth_as_a_json_string_still_runs_check(box):
+    """A HumanEval row whose ground truth is JSON text containing 'def check(' must be decoded, not run as
+    code (run as code, the dict literal calls no check() and every answer would pass)."""
+    p = _humaneval()[0]
+    gt = json.dumps({"prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]})
+    right = compute_code_score("humaneval", _fence(p["prompt"] + p["canonical_solution"]), gt, sandbox=box)
+    wrong = compute_code_score("humaneval", _fence(p["prompt"] + "    return None\n"), gt, sandbox=box)
+    assert (right["score"], wrong["score"]) == (1.0, 0.0)
+
+
 # ----- concurrency and bounds ------------------------------------------------------------------------
 def test_threads_share_one_sandbox_with_their_own_limits(box):
     gt = json.dumps({"inputs": ["5\n"], "outputs": ["5\n"]})

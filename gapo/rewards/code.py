@@ -188,7 +188,10 @@ def _fn_from_metadata(meta) -> str | None:
 def parse_tests(ground_truth, extra_info=None) -> CodeProblem:
     """Normalise a DeepCoder / HumanEval ``ground_truth`` into a :class:`CodeProblem` (by its shape)."""
     extra = extra_info if isinstance(extra_info, dict) else {}
-    if isinstance(ground_truth, str) and "def check(" in ground_truth:
+    # JSON first: a HumanEval row stored as '{"test": "def check(...", ...}' must not be run as test code
+    # (the dict literal would define no check() call and every answer would pass).
+    is_json = isinstance(ground_truth, str) and ground_truth.lstrip()[:1] in ("{", "[")
+    if isinstance(ground_truth, str) and not is_json and "def check(" in ground_truth:
         gt = {"test": ground_truth}
     else:
         gt = _decode(ground_truth)

@@ -82,8 +82,10 @@ class SandboxConfig:
         bwrap: path of the bubblewrap binary (default: ``$GAPO_BWRAP``, else ``bwrap`` on ``PATH``).
         interpreter: Python that runs the programs (default ``/usr/bin/python3``). One outside ``/usr``
             gets its prefix (two levels above the binary) mounted read-only.
-        python_args: ``-I`` isolates from ``PYTHON*`` variables and the user site; ``-S`` skips
-            ``site`` (stdlib only, as on contest judges; it also halves start-up time).
+        python_args: ``-I`` isolates from ``PYTHON*`` variables and the user site. ``site`` stays on so
+            that the system's packages under ``/usr`` (read-only) can be imported: HumanEval+'s tests import
+            numpy (Debian ``python3-numpy``, which ``make install`` installs). Add ``-S`` for stdlib only
+            (as on contest judges), which roughly halves start-up time.
         slots: tests run at once (default: CPU count). Each slot has its own uid.
         uid_base: slots run as uids claimed from ``[uid_base, uid_base + 4096)`` (only when the executor
             is root): each executor on the host locks its own (``/tmp/gapo-sandbox-uids``), so concurrent
@@ -97,14 +99,16 @@ class SandboxConfig:
         tmpfs_mb: size of the sandbox's ``/tmp``.
         max_output_bytes: hard cap on a test's stdout (callers usually pass a tighter one per test).
         stderr_bytes: how much of the end of stderr is kept (diagnostics only).
-        extra_ro_binds: more host paths mounted read-only at the same place.
+        extra_ro_binds: more host paths mounted read-only at the same place. Default: Debian's
+            ``/etc/alternatives`` (symlinks only), through which shared libraries such as numpy's BLAS
+            resolve; missing paths are skipped.
         allow_unsandboxed: run without isolation when bwrap cannot work (default: ``$GAPO_ALLOW_UNSANDBOXED``).
         startup_timeout_s: how long the executor may take to start and pass its probe.
     """
 
     bwrap: str = field(default_factory=_default_bwrap)
     interpreter: str = field(default_factory=_default_interpreter)
-    python_args: tuple[str, ...] = ("-I", "-S")
+    python_args: tuple[str, ...] = ("-I",)
     slots: int = field(default_factory=lambda: os.cpu_count() or 1)
     uid_base: int = 61000
     memory_mb: int = 2048
@@ -116,7 +120,7 @@ class SandboxConfig:
     tmpfs_mb: int = 64
     max_output_bytes: int = 64 << 20
     stderr_bytes: int = 4096
-    extra_ro_binds: tuple[str, ...] = ()
+    extra_ro_binds: tuple[str, ...] = ("/etc/alternatives",)
     allow_unsandboxed: bool = field(default_factory=lambda: _env_flag(ALLOW_ENV))
     startup_timeout_s: float = 30.0
 
@@ -220,7 +224,7 @@ class Sandbox:
             "mode": mode, "bwrap": cfg.bwrap, "interpreter": cfg.interpreter,
             "python_args": list(cfg.python_args), "slots": cfg.slots, "uid_base": cfg.uid_base,
             "nproc": cfg.nproc, "tmpfs_bytes": cfg.tmpfs_mb << 20, "stderr_bytes": cfg.stderr_bytes,
-            "extra_ro_binds": list(cfg.extra_ro_binds) + self._interpreter_binds(),
+            "extra_ro_binds": [p for p in cfg.extra_ro_binds if os.path.exists(p)] + self._interpreter_binds(),
         }
         # A minimal environment: the executor needs none of the trainer's variables (tokens, keys).
         self._proc = subprocess.Popen(
