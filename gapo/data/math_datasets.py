@@ -135,6 +135,15 @@ def is_local_source(source: str | os.PathLike) -> bool:
     return Path(source).exists() or str(source).lower().endswith(LOCAL_SUFFIXES)
 
 
+def file_in_dir(directory: Path, name: str) -> Path:
+    """``directory/<name>.jsonl|.json|.parquet``, the first that exists (``--source DIR`` with ``--dataset all``)."""
+    for suffix in LOCAL_SUFFIXES:
+        path = Path(directory) / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no {name}{{{','.join(LOCAL_SUFFIXES)}}} in source directory {directory}")
+
+
 def read_local_file(path: str | os.PathLike) -> list[dict]:
     """Rows of a ``.jsonl``, ``.json`` (a list of rows, or JSON lines as ``datasets`` writes) or ``.parquet``."""
     path = Path(path)

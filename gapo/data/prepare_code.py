@@ -52,7 +52,7 @@ from gapo.data.code_datasets import (
     get_spec,
     prepare,
 )
-from gapo.data.prepare_math import _file_in_dir
+from gapo.data.math_datasets import file_in_dir
 
 DEFAULT_OUT = "data/code"
 
@@ -60,7 +60,7 @@ DEFAULT_OUT = "data/code"
 def _source_for(name: str, directory: Path) -> Path | None:
     """``directory/<name>.<suffix>``; for a dataset with an offline default, None (the default) if absent."""
     try:
-        return _file_in_dir(directory, name)
+        return file_in_dir(directory, name)
     except FileNotFoundError:
         if get_spec(name).offline_default:
             return None

@@ -37,17 +37,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from gapo.data.math_datasets import DATASETS, LOCAL_SUFFIXES, HubUnavailableError, get_spec, prepare
+from gapo.data.math_datasets import DATASETS, HubUnavailableError, file_in_dir, get_spec, prepare
 
 DEFAULT_OUT = "data/math"
-
-
-def _file_in_dir(directory: Path, name: str) -> Path:
-    for suffix in LOCAL_SUFFIXES:
-        path = directory / f"{name}{suffix}"
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"no {name}{{{','.join(LOCAL_SUFFIXES)}}} in source directory {directory}")
 
 
 def main(argv: list[str] | None = None) -> list:
@@ -75,7 +67,7 @@ def main(argv: list[str] | None = None) -> list:
         for name in names:
             source = args.source
             if args.dataset == "all" and source is not None:
-                source = _file_in_dir(Path(source), name)
+                source = file_in_dir(Path(source), name)
             summaries.append(prepare(get_spec(name), source=source, out_dir=args.out, limit=args.limit))
     except (HubUnavailableError, FileNotFoundError, NotADirectoryError, KeyError, ValueError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
