@@ -5,6 +5,8 @@
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
+#   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
+#   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,12 +19,19 @@ K ?= 8
 EPS_LOW ?= 0.2
 EPS_HIGH_MAX ?= 0.28
 SCHEDULE ?= linear
+MODEL ?= runs/smoke/checkpoints
+BENCH ?= aime24 aime25 amc23 math500 minerva olympiadbench
+N ?= 16
+EVAL_OUT ?=
+EVAL_ARGS ?=
+RUNS ?=
+PLOT ?= runs/eval/compare.png
 
 # Debian packages: bubblewrap (the code reward's sandbox), python3-numpy (imported by HumanEval+'s tests
 # inside the sandbox, which runs the system python3), shellcheck (tests of launch/ scripts)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test test-fast smoke bench table clean
+.PHONY: install system-deps test test-fast smoke bench table eval eval-compare clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -60,6 +69,13 @@ bench: install
 
 table: install
 	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)
+
+eval: install
+	$(PY) -m eval --model $(MODEL) --bench $(BENCH) --n $(N) $(if $(EVAL_OUT),--out $(EVAL_OUT)) $(EVAL_ARGS)
+
+eval-compare: install
+	$(PY) -m eval report $(RUNS)
+	$(PY) -m eval plot $(RUNS) --out $(PLOT)
 
 clean:
 	rm -rf $(SMOKE_DIR) .pytest_cache

@@ -207,6 +207,9 @@ def test_humaneval_ground_truth_as_a_json_string_still_runs_check(box):
     right = compute_code_score("humaneval", _fence(p["prompt"] + p["canonical_solution"]), gt, sandbox=box)
     wrong = compute_code_score("humaneval", _fence(p["prompt"] + "    return None\n"), gt, sandbox=box)
     assert (right["score"], wrong["score"]) == (1.0, 0.0)
+    # and test code with no entry point is refused, not run with check() never called
+    with pytest.raises(ValueError, match="without entry_point"):
+        compute_code_score("humaneval", _fence("print(1)\n"), p["test"], sandbox=box)
 
 
 # ----- concurrency and bounds ------------------------------------------------------------------------

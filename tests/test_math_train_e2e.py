@@ -51,3 +51,7 @@ def test_validation_reports_per_benchmark_metrics(math_run):
     val = math_run[0]  # validation before training is logged at step 0
     for source in ("aime24", "math500"):
         assert any(k.startswith("val-") and f"/{source}/" in k for k in val), sorted(val)[:20]
+        # the evaluator's metrics from the val_kwargs.n = 2 samples per prompt (GAPOTrainer._val_metrics_update)
+        for name in ("pass@1", "pass@2", "coverage@5%", "problems"):
+            assert f"val-passk/{source}/{name}" in val, sorted(k for k in val if k.startswith("val-passk"))
+        assert val[f"val-passk/{source}/pass@2"] == 0.0  # the random model solves nothing

@@ -197,6 +197,8 @@ def parse_tests(ground_truth, extra_info=None) -> CodeProblem:
         gt = _decode(ground_truth)
     if isinstance(gt, dict) and "test" in gt:  # HumanEval(+)
         entry = gt.get("entry_point") or extra.get("entry_point")
+        if not entry:  # fail closed: without it check(candidate) is never called and every answer would pass
+            raise ValueError("HumanEval test code without entry_point (in the ground truth or extra_info)")
         return CodeProblem("script", prompt=str(gt.get("prompt") or extra.get("prompt") or ""),
                            test_code=str(gt["test"]), entry_point=entry)
     if isinstance(gt, dict) and "inputs" in gt:  # TACO

@@ -5,6 +5,9 @@
 2. The actor's loss callable becomes `GAPOActorLoss`, which hands them to the registered GAPO loss inside
    the FSDP actor update (verl's `set_loss_fn` hook; verl's `ppo_loss` still does the rest).
 After the actor update the loss's raw per-c sums become the paper's diagnostics (`gapo/*` metrics).
+Besides (one hook, `_val_metrics_update`): validation also logs the evaluator's metrics from the val_kwargs.n
+samples per prompt (`val_passk_metrics`): unbiased pass@k for k = 1, 2, 4, ... <= n and coverage, per
+benchmark, as `val-passk/<data_source>/...`.
 
 Trainer mode: verl switches to its asynchronous code paths (replay buffer, TransferQueue checkpointing)
 for any `trainer.v1.trainer_mode` other than "sync". This trainer is selected by the name `gapo` and sets the
@@ -23,6 +26,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
+from eval.passk import passk_metrics
 from gapo.groups import group_success_counts
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
@@ -106,6 +110,14 @@ class GAPOTrainer(PPOTrainerSync):
         metrics.update(diagnostics_from_sums(metrics))
         return batch
 
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                            expected_acc_counts=None):
+        metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                                              expected_acc_counts=expected_acc_counts)
+        metrics.update(val_passk_metrics(data_sources, sample_uids, reward_extra_infos_dict, expected_acc_counts,
+                                         self._gapo.success_threshold))
+        return metrics
+
 
 def zero_rows(nested: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """A jagged nested (B, *) tensor with the rows where `rows` is True set to zero."""
@@ -130,6 +142,21 @@ def reward_extra_metrics(extra_fields: list) -> dict[str, float]:
             if isinstance(value, (bool, int, float, np.number)) and not isinstance(value, str):
                 values.setdefault(key, []).append(float(value))
     return {f"reward/{key}/mean": float(np.mean(vals)) for key, vals in values.items()}
+
+
+def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: dict | None = None,
+                      success_threshold: float = 0.5) -> dict[str, float]:
+    """pass@k (k = 1, 2, 4, ... <= n) and coverage per data_source from validation's per-sample lists.
+
+    A sample is correct when the reward's `acc` says so, else when its reward exceeds `success_threshold`.
+    Prompts are grouped by uid; sessions that failed (in `expected_counts`, keyed (data_source, uid),
+    but absent) count as incorrect, as verl's own `acc` metrics do. Names: `val-passk/<source>/pass@<k>`,
+    `.../coverage@5%`, `.../coverage_frac@5%`, `.../unsolved_frac`, `.../all_solved_frac`, `.../problems`.
+    """
+    rewards = infos.get("reward", [])
+    accs = infos.get("acc") or [None] * len(rewards)
+    correct = [bool(a) if a is not None else float(r) > success_threshold for a, r in zip(accs, rewards, strict=True)]
+    return passk_metrics(data_sources, sample_uids, correct, expected=expected_counts)
 
 
 def diagnostics_from_sums(metrics: dict) -> dict[str, float]:

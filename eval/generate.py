@@ -1,0 +1,305 @@
+"""Generation backends: Hugging Face ``generate`` (CPU, one device) and vLLM (GPUs, tensor x data parallel).
+
+Both take :class:`Request` s (a tokenized prompt and one seed per sample) and return, per request, one
+:class:`Completion` per sample. Sampling is reproducible per (problem, sample), whatever else is in the
+batch and whether the run was resumed:
+
+- vLLM: every sample is its own request with ``SamplingParams(n=1, seed=<sample seed>)`` (vLLM's
+  per-request generator; prefix caching makes the repeated prompt cheap);
+- HF: samples of one problem are generated together (the prompt is identical, so no padding), in
+  chunks of at most ``batch_size``; each chunk seeds torch's generator with its first sample's seed.
+  Same seed and batch size, same text (on the same hardware and library versions).
+
+Data parallel (vLLM): ``dp`` independent engines in spawned processes, each seeing ``tp`` GPUs through
+``CUDA_VISIBLE_DEVICES``; each call's requests are dealt round-robin to them. vLLM is imported lazily,
+inside the engine process, so nothing here needs it unless the vLLM backend is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import traceback
+import warnings
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    seeds: list[int]  # one per sample; len(seeds) = number of samples
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: int
+    finish_reason: str  # "stop" (end of sequence) or "length" (hit max new tokens)
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 32768
+
+
+def sample_seed(seed: int, benchmark: str, problem_index: int, sample: int) -> int:
+    """A 31-bit seed for one sample, independent of batching and resumption."""
+    digest = hashlib.sha256(f"{seed}|{benchmark}|{problem_index}|{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def render_prompt(tokenizer, prompt) -> str:
+    """Chat messages through the model's chat template (generation prompt added); a string as is."""
+    if isinstance(prompt, str):
+        return prompt
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    # The chat template already wrote any BOS token: add none.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else all that torch sees."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except (ImportError, RuntimeError):  # no torch / no driver
+        return []
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def parallel_layout(gpus: list[str], tp: int | None, dp: int | None) -> tuple[int, int]:
+    """(tp, dp) for the visible GPUs: tp defaults to 1, dp to as many engines as fit."""
+    if not gpus:
+        raise RuntimeError("the vLLM backend needs GPUs: none visible (CUDA_VISIBLE_DEVICES / torch.cuda)")
+    tp = tp or 1
+    dp = dp or max(1, len(gpus) // tp)
+    if tp < 1 or dp < 1 or tp * dp > len(gpus):
+        raise ValueError(f"tensor parallel {tp} x data parallel {dp} needs {tp * dp} GPUs; {len(gpus)} visible")
+    return tp, dp
+
+
+# ----------------------------------------------------------------------------------------- HF
+class HFBackend:
+    """``transformers`` generate on one device (CPU by default when no GPU): for tests and small models."""
+
+    name = "hf"
+
+    def __init__(self, model_path: str, sampling: SamplingConfig, batch_size: int = 16, dtype: str = "auto",
+                 device: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.startswith("cuda") else "float32"
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.to(self.device).eval()
+        self.sampling = sampling
+        self.batch_size = max(1, int(batch_size))
+        gen = self.model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        self._warned = False
+
+    def _max_new_tokens(self, prompt_len: int) -> int:
+        limit = self.sampling.max_new_tokens
+        if self.max_positions and prompt_len + limit > self.max_positions:
+            capped = max(1, self.max_positions - prompt_len)
+            if not self._warned:
+                warnings.warn(f"max new tokens {limit} + prompt {prompt_len} exceeds the model's "
+                              f"{self.max_positions} positions: capped at {capped}", stacklevel=2)
+                self._warned = True
+            return capped
+        return limit
+
+    def generate(self, requests: list[Request]) -> list[list[Completion]]:
+        torch = self.torch
+        out = []
+        for req in requests:
+            ids = torch.tensor([req.prompt_ids], device=self.device)
+            max_new = self._max_new_tokens(len(req.prompt_ids))
+            done: list[Completion] = []
+            for start in range(0, len(req.seeds), self.batch_size):
+                chunk = len(req.seeds[start:start + self.batch_size])
+                torch.manual_seed(req.seeds[start])
+                with torch.no_grad():
+                    seqs = self.model.generate(
+                        ids.expand(chunk, -1), attention_mask=torch.ones(chunk, ids.shape[1], dtype=torch.long,
+                                                                         device=self.device),
+                        do_sample=True, temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=0,
+                        max_new_tokens=max_new, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids))
+                for row in seqs[:, ids.shape[1]:].tolist():
+                    stop = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+                    tokens = row if stop is None else row[:stop + 1]
+                    text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                    done.append(Completion(text, len(tokens), "length" if stop is None else "stop"))
+            out.append(done)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------------------- vLLM
+class VLLMEngine:
+    """One vLLM ``LLM`` on the GPUs this process sees (tensor parallel inside)."""
+
+    def __init__(self, model_path: str, sampling: SamplingConfig, tp: int = 1, dtype: str = "auto",
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0):
+        import vllm
+
+        self.vllm = vllm
+        self.sampling = sampling
+        kwargs = {"model": model_path, "tensor_parallel_size": tp, "dtype": dtype, "seed": seed,
+                  "gpu_memory_utilization": gpu_memory_utilization, "enable_prefix_caching": True}
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = vllm.LLM(**kwargs)
+        config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
+        self.max_model_len = getattr(config, "max_model_len", None)
+
+    def generate(self, requests: list[Request]) -> list[list[Completion]]:
+        prompts, params = [], []
+        for req in requests:
+            max_tokens = self.sampling.max_new_tokens
+            if self.max_model_len:  # the context holds prompt + response
+                max_tokens = max(1, min(max_tokens, self.max_model_len - len(req.prompt_ids)))
+            for seed in req.seeds:
+                prompts.append({"prompt_token_ids": list(req.prompt_ids)})
+                params.append(self.vllm.SamplingParams(
+                    n=1, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
+                    max_tokens=max_tokens, seed=seed))
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False) if prompts else []
+        flat = []
+        for output in outputs:
+            o = output.outputs[0]
+            flat.append(Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop"))
+        result, pos = [], 0
+        for req in requests:
+            result.append(flat[pos:pos + len(req.seeds)])
+            pos += len(req.seeds)
+        return result
+
+    def close(self) -> None:
+        pass
+
+
+def _engine_process(conn, engine_kwargs: dict) -> None:
+    """Body of a data-parallel rank: build an engine, then answer generate calls until told to stop."""
+    try:
+        engine = VLLMEngine(**engine_kwargs)
+        conn.send(("ready", None))
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            requests = [Request(**r) for r in msg]
+            conn.send(("ok", [[asdict(c) for c in comps] for comps in engine.generate(requests)]))
+    except Exception:  # noqa: BLE001 - any failure goes back to the parent, with its traceback
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class VLLMBackend:
+    """vLLM on the node's GPUs: ``dp`` engines of ``tp`` GPUs each (one in this process when dp = 1)."""
+
+    name = "vllm"
+
+    def __init__(self, model_path: str, sampling: SamplingConfig, tp: int | None = None, dp: int | None = None,
+                 gpus: list[str] | None = None, **engine_kwargs):
+        gpus = visible_gpus() if gpus is None else gpus
+        self.tp, self.dp = parallel_layout(gpus, tp, dp)
+        kwargs = dict(model_path=model_path, sampling=sampling, tp=self.tp, **engine_kwargs)
+        self.engine, self.workers = None, []
+        if self.dp == 1:
+            self.engine = VLLMEngine(**kwargs)
+            return
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # CUDA cannot be forked
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:
+            for rank in range(self.dp):
+                # a spawned child inherits the environment at start: its own slice of GPUs
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[rank * self.tp:(rank + 1) * self.tp])
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_engine_process, args=(child, kwargs), name=f"vllm-dp{rank}")
+                proc.start()
+                child.close()
+                self.workers.append((proc, parent))
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        for rank, (_proc, conn) in enumerate(self.workers):
+            self._receive(rank, conn)
+
+    def _receive(self, rank: int, conn):
+        try:
+            status, payload = conn.recv()
+        except EOFError:
+            self.close()
+            raise RuntimeError(f"vLLM data-parallel rank {rank} died") from None
+        if status == "error":
+            self.close()
+            raise RuntimeError(f"vLLM data-parallel rank {rank} failed:\n{payload}")
+        return payload
+
+    def generate(self, requests: list[Request]) -> list[list[Completion]]:
+        if self.engine is not None:
+            return self.engine.generate(requests)
+        shards = [list(range(rank, len(requests), self.dp)) for rank in range(self.dp)]
+        for (_proc, conn), idx in zip(self.workers, shards):
+            conn.send([asdict(requests[i]) for i in idx])
+        result: list = [None] * len(requests)
+        for rank, ((_proc, conn), idx) in enumerate(zip(self.workers, shards)):
+            for i, comps in zip(idx, self._receive(rank, conn)):
+                result[i] = [Completion(**c) for c in comps]
+        return result
+
+    def close(self) -> None:
+        for proc, conn in self.workers:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc, _conn in self.workers:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.terminate()
+        self.workers = []
+
+
+def make_backend(name: str, model_path: str, sampling: SamplingConfig, *, batch_size: int = 16,
+                 dtype: str = "auto", tp: int | None = None, dp: int | None = None,
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0):
+    """``auto``: vLLM when it is installed and a GPU is visible, else HF."""
+    if name == "auto":
+        name = "vllm" if vllm_available() and visible_gpus() else "hf"
+    if name == "hf":
+        return HFBackend(model_path, sampling, batch_size=batch_size, dtype=dtype)
+    if name == "vllm":
+        return VLLMBackend(model_path, sampling, tp=tp, dp=dp, dtype=dtype, max_model_len=max_model_len,
+                           gpu_memory_utilization=gpu_memory_utilization, seed=seed)
+    raise ValueError(f"unknown backend {name!r}: expected auto, hf or vllm")

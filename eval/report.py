@@ -1,0 +1,284 @@
+"""Summaries, markdown tables and pass@k plots from an evaluation's per-sample records.
+
+- :func:`summarize_run`: ``summary.json``'s content, recomputed from the records alone (so ``report`` can
+  rebuild it from ``samples.jsonl`` at any time, even from a stopped run);
+- :func:`results_table`: one run, shaped like the paper's tables (benchmarks as columns, rows pass@k in %,
+  then coverage and problems); :func:`comparison_tables`: several runs, one table per k (runs as rows);
+- :func:`plot_runs`: pass@k curves per benchmark (several runs side by side) over the solve-rate
+  distribution, as a PNG (matplotlib, imported only here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from eval.passk import DEFAULT_COVERAGE_THRESHOLD, default_ks, summarize
+
+SUMMARY_FILE, TABLE_FILE, PLOT_FILE, RUN_FILE = "summary.json", "results.md", "passk.png", "run.json"
+
+
+def benchmark_summary(problems: list[list[dict]], n: int, coverage_threshold: float,
+                      total_rows: int | None = None) -> dict:
+    """One benchmark: pass@k etc. over its finished problems (each a list of n records)."""
+    counts = [(len(recs), sum(bool(r["correct"]) for r in recs)) for recs in problems]
+    out = summarize(counts, default_ks(n), coverage_threshold) if counts else summarize([], None, coverage_threshold)
+    samples = [r for recs in problems for r in recs]
+    out["problems_total"] = total_rows if total_rows is not None else len(problems)
+
+    def frac(key):
+        return sum(bool(r.get(key)) for r in samples) / len(samples) if samples else float("nan")
+
+    out["samples_stats"] = {
+        "response_tokens_mean": (sum(r.get("response_tokens", 0) for r in samples) / len(samples)
+                                 if samples else float("nan")),
+        "truncated_frac": (sum(r.get("finish_reason") == "length" for r in samples) / len(samples)
+                           if samples else float("nan")),
+        "format_error_frac": frac("format_error"),
+        "timeout_frac": frac("timeout"),
+    }
+    return out
+
+
+def summarize_run(done: dict, config: dict, benchmarks: dict[str, dict]) -> dict:
+    """``summary.json``: the run's config plus, per benchmark, pass@k over its finished problems.
+
+    Args:
+        done: ``{(benchmark, problem): records}`` (complete problems only, see :mod:`eval.records`).
+        config: the run's settings (``n``, ``coverage_threshold``, ...), copied in.
+        benchmarks: ``{name: {"path": ..., "problems_total": rows evaluated}}`` in report order.
+    """
+    n = int(config["n"])
+    threshold = float(config.get("coverage_threshold", DEFAULT_COVERAGE_THRESHOLD))
+    by_bench: dict[str, list] = defaultdict(list)
+    for (bench, problem), recs in sorted(done.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        by_bench[bench].append(recs)
+    names = list(benchmarks) + sorted(set(by_bench) - set(benchmarks))
+    results = {}
+    for name in names:
+        meta = benchmarks.get(name, {})
+        results[name] = {"path": meta.get("path"),
+                         **benchmark_summary(by_bench.get(name, []), n, threshold, meta.get("problems_total"))}
+    complete = all(r["problems"] == r["problems_total"] for r in results.values())
+    return {"config": config, "ks": default_ks(n), "complete": complete, "benchmarks": results}
+
+
+def _pct(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def _mean(values):
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def results_table(summary: dict, title: str | None = None) -> str:
+    """Markdown: benchmarks as columns (and their mean when there are several), rows pass@k in %."""
+    benches = summary["benchmarks"]
+    names = list(benches)
+    avg = len(names) > 1
+    cfg = summary.get("config", {})
+    threshold = cfg.get("coverage_threshold", DEFAULT_COVERAGE_THRESHOLD)
+    head = ["metric", *names, *(["avg"] if avg else [])]
+    lines = []
+    if title:
+        lines += [f"## {title}", ""]
+    lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for k in summary["ks"]:
+        vals = [benches[b]["pass@k"].get(str(k)) for b in names]
+        lines.append("| " + " | ".join([f"pass@{k}", *map(_pct, vals), *([_pct(_mean(vals))] if avg else [])]) + " |")
+    cov = [f"{benches[b]['coverage']['problems']} / {benches[b]['problems']}" for b in names]
+    lines.append("| " + " | ".join([f"coverage (solve rate > {100 * threshold:g}%)", *cov, *([""] if avg else [])])
+                 + " |")
+    done = [f"{benches[b]['problems']}" + ("" if benches[b]["problems"] == benches[b]["problems_total"]
+                                          else f" of {benches[b]['problems_total']}") for b in names]
+    lines.append("| " + " | ".join(["problems", *done, *([""] if avg else [])]) + " |")
+    lines.append("")
+    lines.append(_settings_line(cfg))
+    return "\n".join(lines) + "\n"
+
+
+def _settings_line(cfg: dict) -> str:
+    keys = ("n", "temperature", "top_p", "max_new_tokens", "seed", "backend")
+    shown = ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
+    return f"pass@k in %, unbiased estimator over problems ({shown}); model: `{cfg.get('model', '?')}`."
+
+
+def histogram_table(summary: dict) -> str:
+    """Markdown: how many problems were solved c times out of n, per benchmark."""
+    benches = summary["benchmarks"]
+    names = [b for b in benches if benches[b]["problems"]]
+    if not names:
+        return ""
+    rows: dict[str, dict[str, int]] = defaultdict(dict)
+    order: list[str] = []
+    for b in names:
+        for entry in benches[b]["solve_rate"]["histogram"]:
+            key = f"{entry['solved']}/{entry['of']}"
+            if key not in rows:
+                order.append(key)
+            rows[key][b] = entry["problems"]
+    lines = ["| solved | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for key in order:
+        lines.append("| " + " | ".join([key, *(str(rows[key].get(b, 0)) for b in names)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def results_markdown(summary: dict, title: str) -> str:
+    parts = [f"# {title}", "", results_table(summary)]
+    hist = histogram_table(summary)
+    if hist:
+        parts += ["## Per-problem solve rates (problems solved c times out of n)", "", hist]
+    return "\n".join(parts)
+
+
+def comparison_tables(runs: list[tuple[str, dict]], ks: list[int] | None = None) -> str:
+    """Several runs, as the paper compares methods: per k (default: 1 and the largest k all runs have), a table
+    with runs as rows and benchmarks as columns; then coverage."""
+    names: list[str] = []
+    for _label, s in runs:
+        names += [b for b in s["benchmarks"] if b not in names]
+    common = sorted(set.intersection(*(set(s["ks"]) for _, s in runs)))
+    ks = [k for k in (ks or sorted({1, common[-1]} if common else set())) if k in common]
+    avg = len(names) > 1
+    out = []
+    for k in ks:
+        out += [f"## pass@{k} (%)", "", "| run | " + " | ".join(names + (["avg"] if avg else [])) + " |",
+                "| --- |" + " ---: |" * (len(names) + avg)]
+        for label, s in runs:
+            vals = [s["benchmarks"].get(b, {}).get("pass@k", {}).get(str(k)) for b in names]
+            out.append("| " + " | ".join([label, *map(_pct, vals), *([_pct(_mean(vals))] if avg else [])]) + " |")
+        out.append("")
+    threshold = runs[0][1].get("config", {}).get("coverage_threshold", DEFAULT_COVERAGE_THRESHOLD)
+    out += [f"## coverage (problems with solve rate > {100 * threshold:g}%)", "",
+            "| run | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for label, s in runs:
+        cells = [f"{s['benchmarks'][b]['coverage']['problems']} / {s['benchmarks'][b]['problems']}"
+                 if b in s["benchmarks"] else "-" for b in names]
+        out.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(out) + "\n"
+
+
+def load_run(path: str | Path) -> tuple[str, dict]:
+    """(label, summary) of a run folder (or its summary.json)."""
+    path = Path(path)
+    file = path if path.is_file() else path / SUMMARY_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"no {SUMMARY_FILE} in {path}: run `python -m eval report {path}` to rebuild it")
+    summary = json.loads(file.read_text())
+    label = summary.get("config", {}).get("label") or file.parent.name
+    return label, summary
+
+
+def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None = None, max_cols: int = 5) -> Path:
+    """PNG: per benchmark, pass@k against k (log2 axis, one line per run) above its solve-rate histogram;
+    benchmarks fill rows of ``max_cols``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names: list[str] = []
+    for _label, s in runs:
+        names += [b for b in s["benchmarks"] if b not in names and s["benchmarks"][b]["problems"]]
+    cols = min(max_cols, max(1, len(names)))
+    grid_rows = max(1, math.ceil(len(names) / cols))
+    fig, axes = plt.subplots(2 * grid_rows, cols, figsize=(3.0 * cols + 0.6, 4.6 * grid_rows + 0.8), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2] * grid_rows})
+    for j in range(len(names), grid_rows * cols):  # unused cells of the last row
+        axes[2 * (j // cols)][j % cols].axis("off")
+        axes[2 * (j // cols) + 1][j % cols].axis("off")
+    width = 0.8 / max(1, len(runs))
+    for j, bench in enumerate(names):
+        top, bottom = axes[2 * (j // cols)][j % cols], axes[2 * (j // cols) + 1][j % cols]
+        for r, (label, s) in enumerate(runs):
+            b = s["benchmarks"].get(bench)
+            if not b or not b["problems"]:
+                continue
+            ks = sorted(int(k) for k in b["pass@k"])
+            top.plot(ks, [100 * b["pass@k"][str(k)] for k in ks], marker="o", ms=3, label=label)
+            hist = b["solve_rate"]["histogram"]
+            xs = [e["solved"] / e["of"] for e in hist]
+            total = max(1, b["problems"])
+            step = min((x2 - x1 for x1, x2 in itertools.pairwise(xs) if x2 > x1), default=1.0)
+            bottom.bar([x + (r - (len(runs) - 1) / 2) * width * step for x in xs],
+                       [100 * e["problems"] / total for e in hist], width=width * step, label=label)
+        top.set_xscale("log", base=2)
+        all_ks = sorted({int(k) for _, s in runs if bench in s["benchmarks"] for k in s["benchmarks"][bench]["pass@k"]})
+        top.set_xticks(all_ks, [str(k) for k in all_ks])
+        top.minorticks_off()
+        top.set_title(bench, fontsize=10)
+        top.set_xlabel("k", fontsize=8)
+        top.set_ylim(0, 100)
+        top.grid(alpha=0.3)
+        top.tick_params(labelsize=7)
+        bottom.set_xlabel("per-problem solve rate", fontsize=8)
+        bottom.set_xlim(-0.05, 1.05)
+        bottom.tick_params(labelsize=7)
+        if j % cols == 0:
+            top.set_ylabel("pass@k (%)", fontsize=8)
+            bottom.set_ylabel("problems (%)", fontsize=8)
+    if not names:
+        axes[0][0].text(0.5, 0.5, "no finished problems", ha="center", va="center")
+    legend: dict = {}
+    for row in axes[::2]:
+        for ax in row:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def rebuild_reports(run_dir: str | Path) -> dict | None:
+    """Recompute a run folder's summary from ``samples.jsonl`` and ``run.json`` and rewrite its reports
+    (None when the folder has no records, e.g. a copied summary.json only)."""
+    from eval.records import SAMPLES_FILE, SampleStore
+
+    run_dir = Path(run_dir)
+    if not ((run_dir / RUN_FILE).is_file() and (run_dir / SAMPLES_FILE).is_file()):
+        return None
+    run = json.loads((run_dir / RUN_FILE).read_text())
+    done = SampleStore(run_dir, int(run["n"])).load()
+    summary = summarize_run(done, {k: v for k, v in run.items() if k != "benchmarks"}, run.get("benchmarks", {}))
+    old = run_dir / SUMMARY_FILE
+    if old.is_file():
+        timing = json.loads(old.read_text()).get("timing")
+        if timing:
+            summary["timing"] = timing
+    write_reports(run_dir, summary, title=f"{run.get('label') or run_dir.name}: pass@k")
+    return summary
+
+
+def _json_safe(value):
+    """NaN (a benchmark without finished problems) as null: summary.json stays standard JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_reports(out_dir: Path, summary: dict, title: str) -> dict[str, Path]:
+    """``summary.json``, ``results.md`` and ``passk.png`` in ``out_dir``."""
+    out_dir = Path(out_dir)
+    paths = {"summary": out_dir / SUMMARY_FILE, "table": out_dir / TABLE_FILE, "plot": out_dir / PLOT_FILE}
+    tmp = paths["summary"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_json_safe(summary), indent=1, allow_nan=False) + "\n")
+    tmp.replace(paths["summary"])
+    paths["table"].write_text(results_markdown(summary, title))
+    plot_runs([(summary["config"].get("label") or out_dir.name, summary)], paths["plot"], title)
+    return paths

