@@ -41,14 +41,13 @@ same schema. The reward: ``reward.custom_reward_function.path=pkg://gapo.rewards
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from gapo.data.cli import prepare_datasets
 from gapo.data.code_datasets import (
     DATASETS,
     DEFAULT_MAX_GT_BYTES,
     DEFAULT_MAX_TESTS,
-    HubUnavailableError,
     get_spec,
     prepare,
 )
@@ -97,23 +96,11 @@ def main(argv: list[str] | None = None) -> list:
     args = p.parse_args(argv)
 
     names = list(DATASETS) if args.dataset == "all" else [args.dataset]
-    summaries = []
-    try:
-        if args.dataset == "all" and args.source is not None and not Path(args.source).is_dir():
-            raise NotADirectoryError(f"with --dataset all, --source must be a directory: {args.source}")
-        for name in names:
-            source = args.source
-            if args.dataset == "all" and source is not None:
-                source = _source_for(name, Path(source))
-            summaries.append(prepare(get_spec(name), source=source, out_dir=args.out, limit=args.limit,
-                                     max_tests=args.max_tests or None, max_gt_bytes=args.max_gt_bytes or None))
-    except (HubUnavailableError, FileNotFoundError, NotADirectoryError, KeyError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        sys.exit(f"error: {msg}")
-    if len(summaries) > 1:
-        total = sum(s.rows_written for s in summaries)
-        print(f"done: {total} rows in {len(summaries)} files under {args.out}")
-    return summaries
+    return prepare_datasets(names, args.dataset == "all", args.source, args.out,
+                            lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
+                                                         limit=args.limit, max_tests=args.max_tests or None,
+                                                         max_gt_bytes=args.max_gt_bytes or None),
+                            source_for=_source_for)
 
 
 if __name__ == "__main__":

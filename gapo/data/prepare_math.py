@@ -34,10 +34,9 @@ Training then reads e.g. ``data.train_files=data/math/deepscaler.parquet`` and
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-from gapo.data.math_datasets import DATASETS, HubUnavailableError, file_in_dir, get_spec, prepare
+from gapo.data.cli import prepare_datasets
+from gapo.data.math_datasets import DATASETS, get_spec, prepare
 
 DEFAULT_OUT = "data/math"
 
@@ -60,22 +59,9 @@ def main(argv: list[str] | None = None) -> list:
         p.error("--limit must be >= 0")
 
     names = list(DATASETS) if args.dataset == "all" else [args.dataset]
-    summaries = []
-    try:
-        if args.dataset == "all" and args.source is not None and not Path(args.source).is_dir():
-            raise NotADirectoryError(f"with --dataset all, --source must be a directory: {args.source}")
-        for name in names:
-            source = args.source
-            if args.dataset == "all" and source is not None:
-                source = file_in_dir(Path(source), name)
-            summaries.append(prepare(get_spec(name), source=source, out_dir=args.out, limit=args.limit))
-    except (HubUnavailableError, FileNotFoundError, NotADirectoryError, KeyError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        sys.exit(f"error: {msg}")
-    if len(summaries) > 1:
-        total = sum(s.rows_written for s in summaries)
-        print(f"done: {total} rows in {len(summaries)} files under {args.out}")
-    return summaries
+    return prepare_datasets(names, args.dataset == "all", args.source, args.out,
+                            lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
+                                                         limit=args.limit))
 
 
 if __name__ == "__main__":
