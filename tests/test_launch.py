@@ -287,12 +287,17 @@ def test_slurm_bootstrap_head_workers_wait_submit_teardown(fake_slurm):
     log = calls()
     srun = [c for c in log if c.startswith("srun ")]
     assert srun[0] == "srun --nodes=1 --ntasks=1 -w gpu-a hostname --ip-address"
-    assert srun[1].startswith("srun --nodes=1 --ntasks=1 -w gpu-a ray start --head --node-ip-address=10.0.0.1 "
-                              "--port=6379 ") and "--num-gpus=8" in srun[1] and srun[1].endswith("--block")
-    assert srun[2].startswith("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --exclude=gpu-a ray start "
-                              "--address=10.0.0.1:6379 --num-gpus=8") and srun[2].endswith("--block")
+    # The head and worker steps run in the background, so their stubs may log in either order: find them by
+    # content, and check the order that matters (workers start only after the head's GPUs are up).
+    (head,) = [c for c in srun if " ray start --head " in c]
+    (workers,) = [c for c in srun if " ray start --address=" in c]
+    assert head.startswith("srun --nodes=1 --ntasks=1 -w gpu-a ray start --head --node-ip-address=10.0.0.1 "
+                           "--port=6379 ") and "--num-gpus=8" in head and head.endswith("--block")
+    assert workers.startswith("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --exclude=gpu-a ray start "
+                              "--address=10.0.0.1:6379 --num-gpus=8") and workers.endswith("--block")
     waits = [c for c in log if "wait-resources" in c]
     assert [w.split("--gpus ")[1].split()[0] for w in waits] == ["8", "24"]  # head up, then all 3 x 8 GPUs
+    assert log.index(waits[0]) < log.index(workers)
     assert all("--address 10.0.0.1:6379" in w for w in waits)
     (submit,) = [c for c in log if c.startswith("submit ")]
     assert submit.startswith("submit math/r1_1.5b_gapo trainer.nnodes=3 trainer.n_gpus_per_node=8 "
