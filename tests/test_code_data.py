@@ -320,13 +320,10 @@ def test_summary_reports_the_caps(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def box():
-    from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+    from gapo.rewards.sandbox import SandboxConfig
+    from tests.conftest import started_sandbox
 
-    sandbox = Sandbox(SandboxConfig(test_timeout_s=6.0, problem_timeout_s=30.0))  # slack for a loaded machine
-    try:
-        sandbox.start()
-    except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+    sandbox = started_sandbox(SandboxConfig(test_timeout_s=6.0, problem_timeout_s=30.0))  # slack for a loaded machine
     yield sandbox
     sandbox.close()
 

@@ -18,7 +18,8 @@ from gapo.rewards.code import (
     stdout_matches,
     values_match,
 )
-from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+from gapo.rewards.sandbox import SandboxConfig
+from tests.conftest import started_sandbox
 
 FIXTURES = Path(__file__).parent / "fixtures" / "code"
 SUBSETS = {"taco": "deepcoder_taco", "primeintellect": "deepcoder_primeintellect", "livecodebench": "deepcoder_lcb"}
@@ -30,11 +31,7 @@ def _fence(code: str, lang: str = "python") -> str:
 
 @pytest.fixture(scope="module")
 def box():
-    sandbox = Sandbox(SandboxConfig(test_timeout_s=2.0, problem_timeout_s=6.0))
-    try:
-        sandbox.start()
-    except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+    sandbox = started_sandbox(SandboxConfig(test_timeout_s=2.0, problem_timeout_s=6.0))
     yield sandbox
     sandbox.close()
 

@@ -16,6 +16,7 @@ import pytest
 
 from gapo.rewards.code import score_code_batch
 from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+from tests.conftest import started_sandbox
 
 REPEAT = 20
 SUM_TESTS = json.dumps({"inputs": ["3\n1 2 3\n"], "outputs": ["6\n"]})  # TACO stdin/stdout shape
@@ -52,11 +53,7 @@ def test_concurrent_executors_claim_distinct_uids():
 
 @pytest.fixture(scope="module")
 def box():
-    sandbox = Sandbox(CONFIG)
-    try:
-        sandbox.start()
-    except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+    sandbox = started_sandbox(CONFIG)
     yield sandbox
     sandbox.close()
 
