@@ -414,6 +414,11 @@ def two_jobs(ray_cluster):
     first = _run([SUBMIT, "smoke_cpu", "trainer.total_training_steps=2", *overrides],
                  {**env, "EXTRA_ENV": f"{cpu} VERL_FILE_LOGGER_PATH={smoke}/run1.jsonl"}, timeout=600)
     assert first.returncode == 0, f"run 1 failed:\n{first.stdout[-4000:]}\n{first.stderr[-2000:]}"
+    # What `submit.sh` followed, plus the job's whole log from Ray: a followed stream can miss lines (seen:
+    # the printed config), so assertions on the log's content read the stored copy.
+    first_id = re.search(r"^submitted job: (\S+)$", first.stdout, flags=re.MULTILINE).group(1)
+    log1 = first.stdout + _run([VENV_BIN / "ray", "job", "logs", "--address", ray_cluster["address"], first_id],
+                               env).stdout
 
     second = _run([SUBMIT, "--no-wait", "smoke_cpu", "trainer.total_training_steps=3", *overrides],
                   {**env, "EXTRA_ENV": f"{cpu} VERL_FILE_LOGGER_PATH={smoke}/run2.jsonl"}, timeout=120)
@@ -424,7 +429,7 @@ def two_jobs(ray_cluster):
         time.sleep(2)
     logs = _run([VENV_BIN / "ray", "job", "logs", "--address", ray_cluster["address"], job_id], env).stdout
     assert status == "SUCCEEDED", f"run 2: {status}\n{logs[-4000:]}"
-    return {"smoke": smoke, "ckpt": smoke / "checkpoints", "log1": first.stdout, "log2": logs,
+    return {"smoke": smoke, "ckpt": smoke / "checkpoints", "log1": log1, "log2": logs,
             "run1": _metrics(smoke / "run1.jsonl"), "run2": _metrics(smoke / "run2.jsonl")}
 
 
