@@ -34,6 +34,7 @@ from gapo.data.prepare_code import main as cli_main
 from gapo.rewards import compute_score
 from gapo.rewards.code import CODE_SOURCES, parse_tests
 from gapo.rewards.code import select_tests as scorer_select_tests
+from tests.conftest import load_with_verl
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "code"
@@ -366,23 +367,10 @@ def test_scorer_round_trip_on_packaged_humaneval(box):
 
 
 def test_verl_rlhf_dataset_loads_all_files_together(tmp_path):
-    from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
-    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-
-    from gapo.smoke.tiny_model import build_tiny_model
+    from verl.utils.dataset.rl_dataset import collate_fn
 
     files = [str(prepare(get_spec(n), source=fixture(n), out_dir=tmp_path / "code").path) for n in NAMES]
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny"))
-    config = OmegaConf.create({
-        "prompt_key": "prompt",
-        "max_prompt_length": 2048,  # the tiny tokenizer is char-level and drops unknown chars
-        "filter_overlong_prompts": True,
-        "filter_overlong_prompts_workers": 1,
-        "truncation": "error",
-        "cache_dir": str(tmp_path / "cache"),
-    })
-    ds = RLHFDataset(data_files=files, tokenizer=tokenizer, config=config)
+    ds = load_with_verl(files, tmp_path, max_prompt_length=2048)
     expected = {n: [r for r in load_rows(get_spec(n), fixture(n))] for n in NAMES}
     assert len(ds) == sum(len(v) for v in expected.values())
     items = [ds[i] for i in range(len(ds))]

@@ -14,6 +14,7 @@ import pytest
 from gapo.data import DATASETS, INSTRUCTION, get_spec, load_rows, prepare, to_parquet
 from gapo.data.math_datasets import convert_rows, normalize_answer, read_local_file
 from gapo.data.prepare_math import main as cli_main
+from tests.conftest import load_with_verl
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "math"
@@ -192,23 +193,8 @@ def test_every_file_has_the_same_schema(tmp_path):
 
 
 def test_verl_rlhf_dataset_loads_all_files_together(tmp_path):
-    from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    from gapo.smoke.tiny_model import build_tiny_model
-
     files = [str(prepare(get_spec(n), source=fixture(n), out_dir=tmp_path / "math").path) for n in NAMES]
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "tiny"))
-    config = OmegaConf.create({
-        "prompt_key": "prompt",
-        "max_prompt_length": 1024,  # the tiny tokenizer is char-level and drops unknown chars
-        "filter_overlong_prompts": True,
-        "filter_overlong_prompts_workers": 1,
-        "truncation": "error",
-        "cache_dir": str(tmp_path / "cache"),
-    })
-    ds = RLHFDataset(data_files=files, tokenizer=tokenizer, config=config)
+    ds = load_with_verl(files, tmp_path, max_prompt_length=1024)
     assert len(ds) == sum(len(v) for v in EXPECTED_GROUND_TRUTH.values())
     by_source = {}
     for i in range(len(ds)):

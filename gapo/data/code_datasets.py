@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gapo.data.math_datasets import LOCAL_SUFFIXES, HubUnavailableError, is_local_source
+from gapo.data.parquet_io import write_rows
 from gapo.rewards.code import parse_tests
 
 ABILITY = "code"
@@ -605,32 +606,8 @@ def parquet_schema():
 
 
 def write_parquet(rows: Iterable[dict], path: str | os.PathLike, batch_rows: int = 64) -> Path:
-    """Stream ``rows`` to ``path`` in row groups of ``batch_rows`` (temp file renamed into place).
-
-    Row groups keep each Arrow string chunk far below its 2 GiB offset limit and let readers (and
-    ``datasets``' parquet loader) work a group at a time.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    schema = parquet_schema()
-    try:
-        with pq.ParquetWriter(tmp, schema) as writer:
-            batch: list[dict] = []
-            for row in rows:
-                batch.append(row)
-                if len(batch) >= batch_rows:
-                    writer.write_table(pa.Table.from_pylist(batch, schema=schema))
-                    batch = []
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema))  # also: a valid empty file
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    """Stream ``rows`` to ``path`` with the code schema (see :func:`gapo.data.parquet_io.write_rows`)."""
+    return write_rows(rows, path, parquet_schema(), batch_rows)
 
 
 @dataclass(frozen=True)

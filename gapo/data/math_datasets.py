@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gapo.data.parquet_io import write_rows
+
 # DeepScaleR's instruction, appended to every problem after one space: the only formatting the model is
 # asked for; the math reward reads the final answer from the response's \boxed{...}.
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -333,16 +335,8 @@ def parquet_schema():
 
 
 def to_parquet(rows: list[dict], path: str | os.PathLike) -> Path:
-    """Write ``rows`` to ``path`` (parents created; written to a temp file and renamed into place)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=parquet_schema()), tmp)
-    os.replace(tmp, path)
-    return path
+    """Write ``rows`` to ``path`` with the math schema (see :func:`gapo.data.parquet_io.write_rows`)."""
+    return write_rows(rows, path, parquet_schema())
 
 
 @dataclass(frozen=True)

@@ -104,23 +104,6 @@ def build_tokenizer():
     )
 
 
-def _settings(seed, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-              max_position_embeddings, initializer_range, tie_word_embeddings) -> dict:
-    return {
-        "build_version": _BUILD_VERSION,
-        "vocab": list(SPECIAL_TOKENS + CHAR_TOKENS),
-        "seed": seed,
-        "hidden_size": hidden_size,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "intermediate_size": intermediate_size,
-        "max_position_embeddings": max_position_embeddings,
-        "initializer_range": initializer_range,
-        "tie_word_embeddings": tie_word_embeddings,
-    }
-
-
 def build_tiny_model(
     out_dir: str | os.PathLike,
     *,
@@ -141,8 +124,12 @@ def build_tiny_model(
     and checkpoint merging.
     """
     out = Path(out_dir)
-    settings = _settings(seed, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-                         max_position_embeddings, initializer_range, tie_word_embeddings)
+    # Everything the weights depend on, in the stamp that decides whether out_dir can be reused.
+    settings = {"build_version": _BUILD_VERSION, "vocab": list(SPECIAL_TOKENS + CHAR_TOKENS), "seed": seed,
+                "hidden_size": hidden_size, "num_layers": num_layers, "num_heads": num_heads,
+                "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size,
+                "max_position_embeddings": max_position_embeddings, "initializer_range": initializer_range,
+                "tie_word_embeddings": tie_word_embeddings}
     stamp = out / _STAMP
     if stamp.is_file() and json.loads(stamp.read_text()) == settings:
         return out
