@@ -24,7 +24,9 @@ class GAPOConfig:
             paper's Eq. 11), "exp" (exponential in the advantage, same end points) or "constant"
             (eps_high_max for everyone: the fixed asymmetric clip, as a baseline in the same code path).
         success_threshold: a rollout counts as a success when its sequence reward (sum of its token-level
-            scores) is strictly greater than this. 0.5 splits binary {0, 1} rewards.
+            scores) is strictly greater than this. 0.5 splits binary {0, 1} rewards; for partial-credit code
+            rewards set it just below full marks (e.g. 0.99). c counts successes; only a success with a
+            positive advantage gets eps_high(c, k), every other rollout keeps eps_low (whatever its advantage).
         diagnostics: log the paper's per-c diagnostics (clip fraction and mean |ratio - 1| of
             positive-advantage rollouts, per group success count c) every step.
         mask_truncated: DeepCoder's overlong filtering: responses cut at data.max_response_length get zero

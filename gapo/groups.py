@@ -1,21 +1,85 @@
-"""Group statistics of a rollout batch (pure python/torch): success counts per uid, and the focal weight.
+"""Group statistics of a rollout batch (pure python/torch): success counts per group, and the focal weight.
 
-A group is the set of rollouts of one prompt, identified by its uid. With binary rewards a rollout is a
-success when its sequence reward exceeds a threshold; c is the group's success count, k its size.
+A group is the set of rollouts of one prompt, identified by its uid. A rollout is a success when its
+sequence reward exceeds a threshold (and, with overlong filtering, it was not truncated); c is its group's
+success count, k the group's size. Groups are formed exactly as verl 0.9.1's GRPO advantage forms them
+(`verl/trainer/ppo/v1/utils.py::compute_advantage_for_multi_trajectories`): with agent loops that return
+several outputs per session (rows keyed `{uid}_{session}_{index}`), only the final output of each session
+(highest index) is a member of its uid's group, and every output of the session takes that final output's
+advantage, so it takes the final output's success flag here too.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Hashable, Sequence
+from typing import Hashable, NamedTuple, Optional, Sequence
 
 import torch
+
+
+class GroupStatistics(NamedTuple):
+    """Per rollout, all (B,): c and k of its group (float32), and its success flag (bool) as the loss sees it."""
+
+    num_correct: torch.Tensor
+    group_size: torch.Tensor
+    success: torch.Tensor
+
+
+def session_final_rows(keys: Sequence[str]) -> list[int]:
+    """For each row, the row index of its session's final output, from verl's `{uid}_{session}_{index}` keys.
+
+    Raises:
+        ValueError: a key that is not `{uid}_{session}_{index}` with an integer index.
+    """
+    final: dict[str, tuple[int, int]] = {}
+    sessions = []
+    for row, key in enumerate(keys):
+        parts = str(key).rsplit("_", 2)
+        if len(parts) != 3 or not parts[2].lstrip("-").isdigit():
+            raise ValueError(f"batch key {key!r} is not verl's '{{uid}}_{{session}}_{{index}}' format")
+        session, index = f"{parts[0]}_{parts[1]}", int(parts[2])
+        sessions.append(session)
+        if session not in final or final[session][0] < index:
+            final[session] = (index, row)
+    return [final[session][1] for session in sessions]
+
+
+def group_statistics(
+    uids: Sequence[Hashable], success: torch.Tensor, final_rows: Optional[Sequence[int]] = None
+) -> GroupStatistics:
+    """Per rollout: (c, k, success) with verl's grouping.
+
+    Args:
+        uids: B group ids, one per rollout.
+        success: (B,) bool, each row's own success.
+        final_rows: for each row, the row that represents it in its group (its session's final output,
+            `session_final_rows`); None when every row is its own member (single-output rollouts, and
+            advantage estimators other than verl's GRPO, which group every row).
+    Returns:
+        GroupStatistics; c and k count member rows only, and each row's success is its member row's.
+    """
+    success = torch.as_tensor(success, dtype=torch.bool).reshape(-1)
+    if len(uids) != success.shape[0]:
+        raise ValueError(f"{len(uids)} uids for {success.shape[0]} success flags")
+    rows = list(range(len(uids))) if final_rows is None else list(final_rows)
+    if len(rows) != len(uids):
+        raise ValueError(f"{len(rows)} final rows for {len(uids)} rollouts")
+    ok = success.tolist()
+    correct, size = defaultdict(int), defaultdict(int)
+    for member in sorted(set(rows)):
+        size[uids[member]] += 1
+        correct[uids[member]] += int(ok[member])
+    return GroupStatistics(
+        num_correct=torch.tensor([correct[uids[r]] for r in rows], dtype=torch.float32),
+        group_size=torch.tensor([size[uids[r]] for r in rows], dtype=torch.float32),
+        success=torch.tensor([ok[r] for r in rows], dtype=torch.bool),
+    )
 
 
 def group_success_counts(
     uids: Sequence[Hashable], scores: torch.Tensor, success_threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per rollout: (c, k) = (successes in its uid group, size of that group), both float (B,).
+    """Per rollout: (c, k) = (successes in its uid group, size of that group), both float (B,); every row a member.
 
     Args:
         uids: B group ids, one per rollout.
@@ -23,15 +87,8 @@ def group_success_counts(
     """
     if len(uids) != scores.shape[0]:
         raise ValueError(f"{len(uids)} uids for {scores.shape[0]} scores")
-    success = (scores > success_threshold).tolist()
-    correct, size = defaultdict(int), defaultdict(int)
-    for uid, ok in zip(uids, success):
-        size[uid] += 1
-        correct[uid] += int(ok)
-    return (
-        torch.tensor([correct[u] for u in uids], dtype=torch.float32),
-        torch.tensor([size[u] for u in uids], dtype=torch.float32),
-    )
+    stats = group_statistics(uids, scores > success_threshold)
+    return stats.num_correct, stats.group_size
 
 
 def focal_weight(num_correct: torch.Tensor, group_size: torch.Tensor, gamma: float) -> torch.Tensor:

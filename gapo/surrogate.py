@@ -15,7 +15,8 @@ Token level (PPO with dual clip, Ye et al. 2019, for A < 0):
     loss_t = max(-A * r_t, -A * clip(r_t, 1 - eps_low, 1 + eps_high_i))     and, for A < 0, min(that, -A * c)
 
 Both follow verl 0.9.1's `gspo` / `vanilla` losses term for term (same clamps of the log-ratio), so with a
-constant eps_high they give the same values and gradients (tests/test_gapo_loss_verl_equivalence.py).
+constant eps_high they give the same values and gradients (tests/test_gapo_loss.py). Both compute in float32
+whatever the input dtype (`_float32`); their loss matrix is float32.
 """
 
 from __future__ import annotations
@@ -28,31 +29,53 @@ FloatOrTensor = Union[float, torch.Tensor]
 
 
 class SurrogateTerms(NamedTuple):
-    """Per-token terms of a clipped surrogate, all (B, T)."""
+    """Terms of a clipped surrogate: per token (B, T), and per rollout (B,) sums over real tokens.
 
-    loss: torch.Tensor  # loss before aggregation (carries the gradient)
-    ratio: torch.Tensor  # importance ratio in use, detached (the sequence ratio broadcast at sequence level)
-    clipped: torch.Tensor  # bool: the clipped branch is active, so the token's gradient is cut
-    log_ratio: torch.Tensor  # token log(pi / pi_old), detached, for KL estimates
-    dual_clipped: torch.Tensor  # bool: the dual clip (A < 0, ratio beyond clip_ratio_c) is active
+    The per-rollout sums are made where they are cheapest (at sequence level most are O(B)), so that the
+    metrics and diagnostics add no further pass over the (B, T) tensors.
+    """
+
+    loss: torch.Tensor  # (B, T) loss before aggregation (carries the gradient), float32
+    ratio: torch.Tensor  # (B, T) importance ratio in use, detached (the sequence ratio broadcast at sequence level)
+    clipped: torch.Tensor  # (B, T) bool: the clipped branch is active, so the token's gradient is cut
+    log_ratio: torch.Tensor  # (B, T) token log(pi / pi_old), detached, for KL estimates
+    dual_clipped: torch.Tensor  # (B, T) bool: the dual clip (A < 0, ratio beyond clip_ratio_c) is active
+    tokens: torch.Tensor  # (B,) real tokens
+    clipped_tokens: torch.Tensor  # (B,) real tokens in the clipped branch
+    dual_clipped_tokens: torch.Tensor  # (B,) real tokens under the dual clip
+    log_ratio_sum: torch.Tensor  # (B,) sum of log(pi / pi_old) over real tokens
+    ratio_dev_sum: torch.Tensor  # (B,) sum of |ratio - 1| over real tokens
 
 
-def _per_rollout(eps: FloatOrTensor, like: torch.Tensor) -> torch.Tensor:
-    """A float or (B,) threshold as a (B, 1) or 0-d tensor that broadcasts over tokens."""
-    eps = torch.as_tensor(eps, dtype=like.dtype, device=like.device)
-    if eps.dim() == 1:
-        if eps.shape[0] != like.shape[0]:
-            raise ValueError(f"eps_high has {eps.shape[0]} entries for a batch of {like.shape[0]} rollouts")
-        eps = eps.unsqueeze(-1)
-    elif eps.dim() != 0:
-        raise ValueError(f"eps_high must be a float or a (B,) tensor, got shape {tuple(eps.shape)}")
-    return eps
+def _float32(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Inputs in float32: bf16's spacing near 1 (0.0078) is coarser than the paper's clips (7e-5 to 5e-3), so a
+    bf16 ratio of 1 + 2e-4 would read as 1 and a bound of 1 + 3e-4 as 1. The cast is differentiable (and free
+    for float32 inputs)."""
+    return tuple(t.float() for t in tensors)
+
+
+def _upper_bound(eps_high: FloatOrTensor, like: torch.Tensor) -> Union[float, torch.Tensor]:
+    """1 + eps_high as a float, or as a (B, 1) tensor from a (B,) one, that broadcasts over tokens."""
+    if not isinstance(eps_high, torch.Tensor):
+        return 1 + float(eps_high)
+    if eps_high.dim() == 0:
+        return 1 + eps_high.to(like.dtype)
+    if eps_high.dim() != 1:
+        raise ValueError(f"eps_high must be a float or a (B,) tensor, got shape {tuple(eps_high.shape)}")
+    if eps_high.shape[0] != like.shape[0]:
+        raise ValueError(f"eps_high has {eps_high.shape[0]} entries for a batch of {like.shape[0]} rollouts")
+    return 1 + eps_high.to(device=like.device, dtype=like.dtype).unsqueeze(-1)
 
 
 def _clipped_objective(ratio, advantages, eps_low, eps_high):
     """max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)) per token, and whether the clipped branch is active."""
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, torch.full_like(ratio, 1 - eps_low), 1 + _per_rollout(eps_high, ratio))
+    neg_adv = -advantages
+    upper = _upper_bound(eps_high, ratio)
+    if isinstance(upper, torch.Tensor):  # one bound per rollout; torch.clamp takes tensor bounds only in pairs
+        bounded = torch.clamp(ratio, ratio.new_tensor(1 - eps_low), upper)
+    else:
+        bounded = torch.clamp(ratio, 1 - eps_low, upper)
+    unclipped, clipped = neg_adv * ratio, neg_adv * bounded
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
@@ -65,19 +88,29 @@ def sequence_clipped_surrogate(
     eps_high: FloatOrTensor,
 ) -> SurrogateTerms:
     """GSPO's sequence-ratio clipped surrogate with one upper clip per rollout. See the module docstring."""
+    log_prob, old_log_prob, advantages = _float32(log_prob, old_log_prob, advantages)
     log_ratio = log_prob - old_log_prob
-    mask = response_mask.to(log_prob.dtype)
-    seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    mask = response_mask.to(torch.float32)
+    tokens = mask.sum(-1)
+    log_ratio_sum = (log_ratio * mask).sum(-1).detach()
+    seq_log_ratio = log_ratio_sum / tokens.clamp(min=1)
     # Token-level handle on the sequence ratio: value s_i, gradient d log pi_t (GSPO-token); clamp as verl does.
-    log_s = torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1), max=10.0)
+    log_s = torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.unsqueeze(-1), max=10.0)
     ratio = torch.exp(log_s)
     loss, clipped = _clipped_objective(ratio, advantages, eps_low, eps_high)
+    seq_ratio = torch.exp(seq_log_ratio.clamp(max=10.0))  # the value of every token's ratio in rollout i
+    no_tokens = torch.zeros_like(tokens)
     return SurrogateTerms(
         loss=loss,
         ratio=ratio.detach(),
         clipped=clipped,
         log_ratio=log_ratio.detach(),
-        dual_clipped=torch.zeros_like(response_mask, dtype=torch.bool),
+        dual_clipped=torch.zeros_like(clipped),
+        tokens=tokens,
+        clipped_tokens=(clipped * mask).sum(-1),
+        dual_clipped_tokens=no_tokens,
+        log_ratio_sum=log_ratio_sum,
+        ratio_dev_sum=(seq_ratio - 1).abs() * tokens,
     )
 
 
@@ -93,53 +126,58 @@ def token_clipped_surrogate(
     """PPO's token-ratio clipped surrogate with one upper clip per rollout and dual clip for A < 0."""
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
+    log_prob, old_log_prob, advantages = _float32(log_prob, old_log_prob, advantages)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     loss, clipped = _clipped_objective(ratio, advantages, eps_low, eps_high)
     # Dual clip: a negative-advantage token whose ratio exploded contributes at most -A * c.
     dual_bound = -advantages * clip_ratio_c
-    dual_clipped = (advantages < 0) & (loss > dual_bound)
+    negative = advantages < 0
+    dual_clipped = negative & (loss > dual_bound)
+    mask = response_mask.to(torch.float32)
+    with torch.no_grad():
+        ratio_dev_sum = ((ratio - 1).abs() * mask).sum(-1)
     return SurrogateTerms(
-        loss=torch.where(advantages < 0, torch.minimum(loss, dual_bound), loss),
+        loss=torch.where(negative, torch.minimum(loss, dual_bound), loss),
         ratio=ratio.detach(),
         clipped=clipped,
         log_ratio=log_ratio.detach(),
         dual_clipped=dual_clipped,
+        tokens=mask.sum(-1),
+        clipped_tokens=(clipped * mask).sum(-1),
+        dual_clipped_tokens=(dual_clipped * mask).sum(-1),
+        log_ratio_sum=(log_ratio.detach() * mask).sum(-1),
+        ratio_dev_sum=ratio_dev_sum,
     )
 
 
-def masked_rollout_mean(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) -> (B,): mean over each rollout's real tokens (0 for an empty rollout)."""
-    mask = response_mask.to(values.dtype)
-    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-
-
-def per_success_count_sums(
+def per_success_count_table(
     terms: SurrogateTerms,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
     num_correct: torch.Tensor,
+    rows: torch.Tensor,
     max_count: int,
-) -> dict[int, dict[str, float]]:
-    """Sums behind the paper's diagnostics, for positive-advantage rollouts, by group success count c.
+) -> torch.Tensor:
+    """Sums behind the paper's diagnostics for the selected rollouts, by group success count c, on device.
 
-    Returns, for every c in 1..max_count (zeros where a c is absent, so that every micro-batch and every
-    data-parallel rank reports the same keys), {"clipped": clipped tokens, "ratio_dev": sum of
-    |ratio - 1| over tokens, "tokens": tokens, "rollouts": rollouts}. Sums rather than means, so that
-    clip fraction = clipped / tokens and mean |ratio - 1| = ratio_dev / tokens are exact over a whole
-    step whatever the micro-batching. Rollouts with c > max_count are left out.
+    Args:
+        terms: the surrogate's terms (their per-rollout sums are used).
+        num_correct: (B,) group success count c of each rollout.
+        rows: (B,) bool, the rollouts to count (GAPO: successes with a positive advantage).
+        max_count: the largest c with a row; rollouts with c > max_count are left out.
+
+    Returns:
+        float32 (max_count + 1, 4): row c holds (clipped tokens, sum of |ratio - 1| over tokens, tokens,
+        rollouts) of the selected rollouts with success count c; row 0 is unused. Sums rather than means, so
+        that clip fraction = clipped / tokens and mean |ratio - 1| = ratio_dev / tokens are exact over a
+        whole step whatever the micro-batching.
     """
     with torch.no_grad():
-        mask = response_mask.to(terms.ratio.dtype)
-        positive = masked_rollout_mean(advantages, response_mask) > 0
         per_rollout = torch.stack(
-            [(terms.clipped.to(mask.dtype) * mask).sum(-1), ((terms.ratio - 1).abs() * mask).sum(-1), mask.sum(-1),
-             torch.ones_like(mask[:, 0])],
-            dim=-1,
-        )  # (B, 4): clipped tokens, sum |ratio - 1|, tokens, 1
-        # Row c collects positive rollouts with success count c; row 0 takes everything else and is dropped.
-        c_all = num_correct.to(torch.long)
-        row = torch.where(positive & (c_all >= 1) & (c_all <= max_count), c_all, torch.zeros_like(c_all))
-        table = torch.zeros(max_count + 1, 4, dtype=mask.dtype, device=mask.device).index_add_(0, row, per_rollout)
-        names = ("clipped", "ratio_dev", "tokens", "rollouts")
-        return {c: dict(zip(names, values)) for c, values in enumerate(table.tolist()) if c >= 1}
+            [terms.clipped_tokens, terms.ratio_dev_sum, terms.tokens, torch.ones_like(terms.tokens)], dim=-1
+        )  # (B, 4)
+        c_all = num_correct.to(device=per_rollout.device, dtype=torch.long)
+        # Row c collects the selected rollouts with success count c; row 0 takes everything else.
+        row = torch.where(rows & (c_all >= 1) & (c_all <= max_count), c_all, torch.zeros_like(c_all))
+        table = per_rollout.new_zeros(max_count + 1, 4).index_add_(0, row, per_rollout)
+        table[0] = 0
+        return table

@@ -76,7 +76,20 @@ def adaptive_eps_high(
         raise ValueError(f"group_size must be >= 1, got {k.min().item():g}")
     if bool((c < 0).any()) or bool((c > k).any()):
         raise ValueError("num_correct must lie in [0, group_size]; got a success count outside its group")
+    return eps_high_schedule(c, k, eps_low, eps_high_max, schedule)
 
+
+def eps_high_schedule(
+    num_correct: torch.Tensor, group_size: torch.Tensor, eps_low: float, eps_high_max: float, schedule: str
+) -> torch.Tensor:
+    """`adaptive_eps_high` without its checks, for the loss's hot path: no host synchronisation.
+
+    The caller guarantees what `adaptive_eps_high` checks: a known schedule, eps_high_max >= eps_low, and
+    0 <= c <= k with k >= 1 (true by construction for statistics from `gapo.groups.group_statistics`).
+    Tensors of any float dtype and device; the result is float32 on their device.
+    """
+    c = num_correct.to(torch.float32)
+    k = group_size.to(device=c.device, dtype=torch.float32)
     if schedule == "constant":
         return torch.full(torch.broadcast_shapes(c.shape, k.shape), eps_high_max, dtype=torch.float32, device=c.device)
 

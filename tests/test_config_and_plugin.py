@@ -10,7 +10,6 @@ from hydra import compose, initialize_config_dir
 from verl.utils.config import omega_conf_to_dataclass
 
 from gapo.verl_plugin.config import GAPOPolicyLossConfig
-from gapo.groups import group_success_counts
 from gapo.verl_plugin.trainer import diagnostics_from_sums
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
 
@@ -84,17 +83,6 @@ def test_import_verl_alone_registers_the_losses_in_a_fresh_process():
     assert proc.stdout.split() == ["gapo.verl_plugin.losses", "gapo.verl_plugin.losses"]
 
 
-def test_group_success_counts_by_uid_with_uneven_groups():
-    import torch
-
-    uids = ["a", "a", "a", "b", "b", "c"]
-    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
-    c, k = group_success_counts(uids, scores, 0.5)
-    assert c.tolist() == [2, 2, 2, 0, 0, 1] and k.tolist() == [3, 3, 3, 2, 2, 1]
-    c, _ = group_success_counts(uids, scores, 1.0)  # strictly greater than the threshold
-    assert c.tolist() == [0] * 6
-
-
 def test_diagnostics_from_sums_are_exact_ratios_and_consume_the_sums():
     metrics = {"actor/gapo_sums/eps_high_sum": 0.5, "actor/gapo_sums/positive_rollouts": 2.0,
                "actor/gapo_sums/c1/clipped": 1.0, "actor/gapo_sums/c1/ratio_dev": 0.3, "actor/gapo_sums/c1/tokens": 4.0,
@@ -114,7 +102,7 @@ def test_gapo_trainer_keeps_verls_sync_semantics():
 
     cfg = compose_cfg("smoke_cpu")
     trainer = GAPOTrainer(cfg)  # builds the replay buffer, no Ray needed
-    assert trainer.trainer_mode == "sync" and cfg.trainer.v1.trainer_mode == "sync"
+    assert trainer.trainer_mode == "sync" and cfg.trainer.v1.trainer_mode == "gapo"  # the config is not rewritten
     assert type(trainer.replay_buffer) is ReplayBuffer and not isinstance(trainer.replay_buffer, ReplayBufferAsync)
     assert trainer.replay_buffer.gen_batch_size == cfg.data.train_batch_size  # not forced to 1
 

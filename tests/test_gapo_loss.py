@@ -18,7 +18,11 @@ def actor_config(loss_mode, lo=0.2, hi=0.28, agg="seq-mean-token-mean", rollout_
     )
 
 
-def call(loss_mode, config, old, new, adv, mask, num_correct=None, group_size=None):
+def call(loss_mode, config, old, new, adv, mask, num_correct=None, group_size=None, success=None):
+    """Call the registered loss as ppo_loss does; returns (loss, grad of log_prob, metrics and diagnostic sums).
+
+    `success` defaults to "positive advantage", which is what a success is with binary rewards.
+    """
     log_prob = new.clone().requires_grad_(True)
     fn = get_policy_loss_fn(loss_mode)
     kwargs = dict(old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
@@ -26,8 +30,12 @@ def call(loss_mode, config, old, new, adv, mask, num_correct=None, group_size=No
     if num_correct is None:
         loss, metrics = fn(**kwargs)
     else:
-        with group_stats_context(torch.as_tensor(num_correct), torch.as_tensor(group_size)):
+        if success is None:
+            success = adv.float().sum(-1) > 0
+        with group_stats_context(torch.as_tensor(num_correct), torch.as_tensor(group_size),
+                                 torch.as_tensor(success)) as stats:
             loss, metrics = fn(**kwargs)
+        metrics = {**metrics, **stats.sums}
     loss.backward()
     return loss.detach(), log_prob.grad, metrics
 
@@ -126,3 +134,198 @@ def test_plain_policy_loss_config_is_rejected_with_the_target_to_set():
                           policy_loss=PolicyLossConfig(loss_mode="gapo"))
     with pytest.raises(TypeError, match="GAPOPolicyLossConfig"):
         call("gapo", cfg, old, new, adv, mask, torch.ones(6), torch.full((6,), 4))
+
+
+# --- Which rollout gets which bound, with rewards that are not 0/1 ------------------------------------------
+# Each group's advantages come from verl's own GRPO estimator (Dr.GRPO: score - group mean), its success
+# flags from the rewards and the threshold, as the GAPO trainer computes them. Every rollout gets the same
+# sequence ratio 1.1, between eps_low = 0.02 and every adaptive bound used here (>= 0.02 + 0.28 / 3), so a
+# rollout's gradient is zero exactly when its upper bound is eps_low.
+
+EPS_LOW, EPS_MAX, RATIO = 0.02, 0.3, 1.1
+
+
+def _group_case(rewards, threshold):
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    from gapo.groups import group_statistics
+
+    k, t = len(rewards), 3
+    scores = torch.tensor(rewards, dtype=torch.float32)
+    token_rewards = torch.zeros(k, t)
+    token_rewards[:, -1] = scores
+    mask = torch.ones(k, t)
+    adv, _ = compute_grpo_outcome_advantage(token_rewards, mask, ["g"] * k, norm_adv_by_std_in_grpo=False)
+    stats = group_statistics(["g"] * k, scores > threshold)
+    return adv, mask, stats
+
+
+def _bounds_and_grad(rewards, threshold, loss_mode="gapo"):
+    from gapo.verl_plugin.losses import per_rollout_eps_high
+
+    adv, mask, stats = _group_case(rewards, threshold)
+    eps, _ = per_rollout_eps_high(stats, adv.sum(-1) > 0, EPS_LOW, EPS_MAX, "linear")
+    old = torch.full_like(adv, -1.0)
+    new = old + torch.log(torch.tensor(RATIO))
+    cfg = actor_config(loss_mode, lo=EPS_LOW, hi=EPS_MAX, agg="token-mean" if loss_mode == "gapo_token" else
+                       "seq-mean-token-mean", rollout_n=len(rewards))
+    _, grad, metrics = call(loss_mode, cfg, old, new, adv, mask, stats.num_correct, stats.group_size, stats.success)
+    return eps, grad, metrics
+
+
+@pytest.mark.parametrize("loss_mode", ["gapo", "gapo_token"])
+def test_failing_rollouts_with_positive_advantage_keep_eps_low(loss_mode):
+    # rewards [0.3, 0, 0, -1]: c = 0 (nothing above 0.5), advantages [0.475, 0.175, 0.175, -0.825].
+    # Three rollouts have A > 0 but none is a success: every bound is eps_low, all three are clipped.
+    eps, grad, m = _bounds_and_grad([0.3, 0.0, 0.0, -1.0], 0.5, loss_mode)
+    torch.testing.assert_close(eps, torch.full((4,), EPS_LOW))
+    assert torch.all(grad[:3] == 0)
+    assert m["gapo_sums/positive_rollouts"] == 0 and m["gapo_sums/eps_high_sum"] == 0
+    assert all(m[f"gapo_sums/c{c}/tokens"] == 0 for c in range(1, 5))
+
+
+def test_partial_credit_code_group_widens_only_the_full_pass():
+    # fraction of tests passed [1.0, 0.6, 0.2, 0.0], a success = every test passed (threshold 0.99): c = 1.
+    # advantages [0.55, 0.15, -0.25, -0.45]: the 0.6 rollout has A > 0 but failed, so it keeps eps_low.
+    eps, grad, m = _bounds_and_grad([1.0, 0.6, 0.2, 0.0], 0.99)
+    torch.testing.assert_close(eps, torch.tensor([EPS_MAX, EPS_LOW, EPS_LOW, EPS_LOW]))
+    assert torch.all(grad[0] != 0) and torch.all(grad[1] == 0)
+    assert m["gapo_sums/c1/rollouts"] == 1 and m["gapo_sums/c1/tokens"] == 3 and m["gapo_sums/c1/clipped"] == 0
+    assert m["gapo_sums/positive_rollouts"] == 1 and m["gapo_sums/eps_high_sum"] == pytest.approx(EPS_MAX)
+    # With a 0.5 threshold the 0.6 rollout is a success too: c = 2 of 4, both get 0.02 + 0.28 * 2 / 3.
+    eps, _, _ = _bounds_and_grad([1.0, 0.6, 0.2, 0.0], 0.5)
+    hi = EPS_LOW + (EPS_MAX - EPS_LOW) * 2 / 3
+    torch.testing.assert_close(eps, torch.tensor([hi, hi, EPS_LOW, EPS_LOW]))
+
+
+def test_format_penalty_group_and_a_success_with_negative_advantage():
+    # Format penalty -0.5 on a malformed answer: rewards [1, 1, 0, -0.5], c = 2 of 4, A = [.625, .625, -.375, -.875].
+    eps, grad, m = _bounds_and_grad([1.0, 1.0, 0.0, -0.5], 0.5)
+    hi = EPS_LOW + (EPS_MAX - EPS_LOW) * 2 / 3
+    torch.testing.assert_close(eps, torch.tensor([hi, hi, EPS_LOW, EPS_LOW]))
+    assert torch.all(grad[:2] != 0)
+    assert m["gapo_sums/c2/rollouts"] == 2 and m["gapo_sums/c2/tokens"] == 6
+    # A success below its group's mean (rewards [0.6, 3, 0, 3], c = 3, A = [-1.05, 1.35, -1.65, 1.35]) keeps
+    # eps_low; the two above it get eps_high(3, 4).
+    eps, _, m = _bounds_and_grad([0.6, 3.0, 0.0, 3.0], 0.5)
+    hi3 = EPS_LOW + (EPS_MAX - EPS_LOW) / 3
+    torch.testing.assert_close(eps, torch.tensor([EPS_LOW, hi3, EPS_LOW, hi3]))
+    assert m["gapo_sums/c3/rollouts"] == 2
+
+
+# --- float32 numerics at R1's clips ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss_mode", ["gapo", "gapo_token"])
+def test_bf16_log_probs_at_r1_clips_clip_at_c_equal_k_and_not_at_c1(loss_mode):
+    # R1-Distill's clips (7e-5, 3e-4). The log-probs are bf16 values whose difference is exact in bf16:
+    # old = -2^-6, new = old + 3 * 2^-14, so the ratio is exp(1.831e-4) = 1 + 1.831e-4: inside c = 1's bound
+    # (1 + 3e-4), outside c = k's (1 + 7e-5). In bf16 arithmetic the ratio would read 1 and nothing would clip.
+    lo, hi = 7e-5, 3e-4
+    old = torch.full((2, 4), -(2.0 ** -6), dtype=torch.bfloat16)
+    new = old + torch.tensor(3 * 2.0 ** -14, dtype=torch.bfloat16)
+    assert float((new.float() - old.float())[0, 0]) == pytest.approx(3 * 2.0 ** -14, rel=1e-6)
+    adv = torch.tensor([[0.875] * 4, [0.01] * 4], dtype=torch.bfloat16)  # a c = 1 and a c = k = 8 success
+    mask = torch.ones(2, 4)
+    cfg = actor_config(loss_mode, lo=lo, hi=hi, rollout_n=8,
+                       agg="token-mean" if loss_mode == "gapo_token" else "seq-mean-token-mean")
+    loss, grad, m = call(loss_mode, cfg, old, new, adv, mask, [1, 8], [8, 8], [True, True])
+    assert loss.dtype == torch.float32
+    assert m["gapo_sums/c1/clipped"] == 0 and m["gapo_sums/c8/clipped"] == 4
+    assert m["gapo_sums/c1/ratio_dev"] == pytest.approx(4 * 1.831e-4, rel=1e-3)
+    assert torch.all(grad[0] != 0) and torch.all(grad[1] == 0)
+    assert m["actor/pg_clipfrac"] == pytest.approx(0.5)
+
+
+# --- diagnostics exact under verl's metric aggregation ---------------------------------------------------------
+
+def test_diagnostic_sums_survive_verls_aggregation_with_unequal_micro_batch_counts():
+    """verl 0.9.1's path for a loss callable's metrics: per micro-batch dicts (forward_backward_batch ->
+    postprocess_batch_func: append_to_dict), per mini-batch aggregation (train_mini_batch: Metric.aggregate_dp
+    over DP ranks), then the trainer's reduce_metrics over mini-batches. Mini-batch 1 has one micro-batch with
+    10 of 100 tokens clipped; mini-batch 2 has four micro-batches with 0 of 100 each (dynamic batch sizes).
+    The exact clip fraction is 10 / 500 = 0.02; averaging per-micro-batch sums as MEAN would report 0.05."""
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.metric.utils import AggregationType, Metric
+    from verl.utils.py_functional import append_to_dict
+
+    from gapo.verl_plugin.trainer import diagnostics_from_sums
+
+    def micro(clipped, tokens, aggregation):
+        sums = {"gapo_sums/c1/clipped": clipped, "gapo_sums/c1/ratio_dev": 0.0, "gapo_sums/c1/tokens": tokens,
+                "gapo_sums/c1/rollouts": 1.0, "gapo_sums/eps_high_sum": 0.3, "gapo_sums/positive_rollouts": 1.0}
+        return Metric.from_dict(sums, aggregation=aggregation)
+
+    def step(aggregation):
+        per_mini = {}
+        for micros in ([(10.0, 100.0)], [(0.0, 100.0)] * 4):
+            collected = {}
+            for clipped, tokens in micros:  # postprocess_batch_func
+                append_to_dict(collected, micro(clipped, tokens, aggregation))
+            # _postprocess_output all-gathers over DP (one rank here), train_mini_batch aggregates over ranks
+            append_to_dict(per_mini, {key: Metric.aggregate_dp([val]) for key, val in collected.items()})
+        return diagnostics_from_sums(reduce_metrics({f"actor/{k}": v for k, v in per_mini.items()}))
+
+    assert step(AggregationType.MEAN)["gapo/clipfrac_pos/c1"] == pytest.approx(0.05)  # the bias
+    assert step(AggregationType.SUM)["gapo/clipfrac_pos/c1"] == pytest.approx(0.02)
+
+
+def test_actor_loss_reports_sums_as_sum_metrics(monkeypatch):
+    """GAPOActorLoss hands the loss's sums to verl as SUM-aggregated Metrics (what the test above needs)."""
+    from verl.utils.metric.utils import AggregationType, Metric
+
+    import gapo.verl_plugin.losses as losses
+
+    seen = {}
+
+    def fake_ppo_loss(config, model_output, data, dp_group=None):
+        stats = losses._GROUP_STATS.get()
+        seen["success"] = stats.success.tolist()
+        stats.sums["gapo_sums/c1/tokens"] = 7.0
+        return torch.tensor(0.0), {"actor/pg_clipfrac": Metric(AggregationType.MEAN, 0.5)}
+
+    monkeypatch.setattr(losses, "ppo_loss", fake_ppo_loss)
+    data = {losses.NUM_CORRECT_KEY: torch.tensor([1.0, 2.0]), losses.GROUP_SIZE_KEY: torch.tensor([4.0, 4.0]),
+            losses.SUCCESS_KEY: torch.tensor([1.0, 0.0])}
+    _, metrics = losses.GAPOActorLoss(actor_config("gapo"))({}, data)
+    assert seen["success"] == [True, False]
+    assert metrics["gapo_sums/c1/tokens"].aggregation == AggregationType.SUM
+    assert metrics["gapo_sums/c1/tokens"].values == [7.0]
+    with pytest.raises(RuntimeError, match="gapo_success"):
+        losses.GAPOActorLoss(actor_config("gapo"))({}, {k: v for k, v in data.items() if k != losses.SUCCESS_KEY})
+
+
+# --- cost: no host synchronisation beyond verl's gspo --------------------------------------------------------
+
+_HOST_SYNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__float__,
+               torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.numpy}
+
+
+class _CountHostSyncs(torch.overrides.TorchFunctionMode):
+    """Records every tensor-to-python conversion (each one a device-to-host sync on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_SYNCS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("loss_mode, diagnostics", [("gapo", True), ("gapo", False), ("gapo_token", True)])
+def test_gapo_loss_syncs_with_the_host_no_more_than_verls_gspo(loss_mode, diagnostics):
+    old, new, adv, mask = _random_batch(0)
+    stats = (torch.tensor([1.0, 2, 3, 0, 4, 1]), torch.full((6,), 4.0), adv[:, 0] > 0)
+
+    def count(mode, cfg):
+        with group_stats_context(*stats), _CountHostSyncs() as counter:
+            get_policy_loss_fn(mode)(old_log_prob=old, log_prob=new.clone().requires_grad_(True), advantages=adv,
+                                     response_mask=mask.bool(), loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+                                     rollout_is_weights=None)
+        return counter.calls
+
+    gspo = count("gspo", actor_config("gspo"))
+    ours = count(loss_mode, actor_config(loss_mode, diagnostics=diagnostics))
+    assert len(gspo) == 3  # verl's three metric .item() calls: the premise
+    assert len(ours) <= 1, ours  # every metric, diagnostics included, in one transfer

@@ -2,39 +2,57 @@
 actor-side loss callable that hands them each rollout's group statistics.
 
 verl calls a registered policy loss with a fixed set of tensors (no uid, no group statistic). The
-GAPO trainer (`gapo.verl_plugin.trainer`) writes each rollout's group success count c and group size k
-into the batch (fields `gapo_num_correct`, `gapo_group_size`) and installs `GAPOActorLoss` as the
-actor's loss callable (verl's `set_loss_fn` hook). For each micro-batch, `GAPOActorLoss` puts those two
-(B,) tensors in a context variable and runs verl's own `ppo_loss`, which calls the registered loss; the
-loss turns (c, k) into thresholds with `gapo.adaptive_eps_high` inside the FSDP actor update. Without
-the GAPO trainer the context is empty and the loss stops with an error that names the fix.
+GAPO trainer (`gapo.verl_plugin.trainer`) writes each rollout's group success count c, group size k and
+success flag into the batch (fields `gapo_num_correct`, `gapo_group_size`, `gapo_success`) and installs
+`GAPOActorLoss` as the actor's loss callable (verl's `set_loss_fn` hook). For each micro-batch,
+`GAPOActorLoss` puts those (B,) tensors in a context variable and runs verl's own `ppo_loss`, which calls
+the registered loss; the loss turns (c, k) into thresholds inside the FSDP actor update. Without the GAPO
+trainer the context is empty and the loss stops with an error that names the fix.
+
+Which rollout gets which bound (the paper's rule, for any reward): a rollout that is a success (its own
+reward above `success_threshold`) AND has a positive advantage gets eps_high(c, k); every other rollout
+keeps eps_low on both sides. The sign of the advantage alone is not enough: with partial credit, penalties
+or reward-model scores a failing rollout can have A > 0 in a group with c = 0.
+
+Numerics: the ratio, the bounds and the clip are computed in float32 whatever the dtype of the log-probs
+(verl returns bf16 log-probs when flash-attn's cross-entropy is off; R1's clips 7e-5 / 3e-4 are far below
+bf16's spacing of 0.0078 near 1).
+
+Diagnostics: the per-c sums are reported as verl `Metric`s with SUM aggregation, so that verl's
+micro-batch, data-parallel and mini-batch averaging scales numerator and denominator alike and their
+ratio is exact over the step, whatever the (dynamic) micro-batching. All of a micro-batch's metrics leave
+the device in one transfer (verl's gspo makes three).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, NamedTuple, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
 from gapo.config import GAPOConfig
 from gapo.surrogate import (
-    masked_rollout_mean,
-    per_success_count_sums,
+    per_success_count_table,
     sequence_clipped_surrogate,
     token_clipped_surrogate,
 )
-from gapo.threshold import adaptive_eps_high
+from gapo.threshold import eps_high_schedule
 from gapo.verl_plugin.config import resolve_gapo_clips
 
 NUM_CORRECT_KEY = "gapo_num_correct"
 GROUP_SIZE_KEY = "gapo_group_size"
+SUCCESS_KEY = "gapo_success"
+STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
 # Prefix of the raw per-c sums the loss reports; the trainer turns them into gapo/* metrics.
 SUMS_PREFIX = "gapo_sums"
+SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts")
 
 MISSING_STATS_HELP = (
     "GAPO loss '{mode}' got no per-rollout group statistics: it needs the GAPO trainer, which computes each "
@@ -44,41 +62,52 @@ MISSING_STATS_HELP = (
 )
 
 
-class GroupStats(NamedTuple):
-    """Per-rollout group statistics of one micro-batch, both (B,)."""
+@dataclass
+class GroupStats:
+    """One micro-batch's per-rollout group statistics, all (B,), and the diagnostic sums the loss leaves."""
 
     num_correct: torch.Tensor
     group_size: torch.Tensor
+    success: torch.Tensor
+    sums: dict[str, float] = field(default_factory=dict)  # filled by the loss: f"{SUMS_PREFIX}/..." -> value
 
 
 _GROUP_STATS: contextvars.ContextVar[Optional[GroupStats]] = contextvars.ContextVar("gapo_group_stats", default=None)
 
 
 @contextlib.contextmanager
-def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor):
-    """Make (B,) group statistics visible to the registered GAPO losses called inside the block."""
-    token = _GROUP_STATS.set(GroupStats(num_correct.reshape(-1), group_size.reshape(-1)))
+def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, success: torch.Tensor):
+    """Make (B,) group statistics visible to the registered GAPO losses called inside the block.
+
+    Yields the `GroupStats`; after the loss ran, its `sums` hold the micro-batch's diagnostic sums.
+    """
+    stats = GroupStats(num_correct.reshape(-1), group_size.reshape(-1), success.reshape(-1).to(torch.bool))
+    token = _GROUP_STATS.set(stats)
     try:
-        yield
+        yield stats
     finally:
         _GROUP_STATS.reset(token)
 
 
 class GAPOActorLoss:
     """Actor loss callable (verl's `fn(model_output, data, dp_group)` contract) that runs verl's `ppo_loss`
-    with this micro-batch's group statistics in context. Picklable: the trainer ships it to every worker."""
+    with this micro-batch's group statistics in context, and adds the loss's diagnostic sums to its metrics
+    as SUM-aggregated verl Metrics. Picklable: the trainer ships it to every worker."""
 
     def __init__(self, actor_config):
         self.config = actor_config
 
     def __call__(self, model_output, data, dp_group=None):
-        if NUM_CORRECT_KEY not in data.keys() or GROUP_SIZE_KEY not in data.keys():
+        missing = [key for key in STAT_KEYS if key not in data.keys()]
+        if missing:
             raise RuntimeError(
-                f"the actor's micro-batch has no '{NUM_CORRECT_KEY}'/'{GROUP_SIZE_KEY}' fields: the GAPO trainer did "
-                "not write them at advantage time (is trainer.v1.trainer_mode=gapo?)"
+                f"the actor's micro-batch has no {missing} fields: the GAPO trainer did not write them at "
+                "advantage time (is trainer.v1.trainer_mode=gapo?)"
             )
-        with group_stats_context(data[NUM_CORRECT_KEY], data[GROUP_SIZE_KEY]):
-            return ppo_loss(self.config, model_output, data, dp_group)
+        with group_stats_context(*(data[key] for key in STAT_KEYS)) as stats:
+            loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
+        metrics.update(Metric.from_dict(stats.sums, aggregation=AggregationType.SUM))
+        return loss, metrics
 
 
 def _gapo_settings(config, mode: str) -> GAPOConfig:
@@ -91,6 +120,19 @@ def _gapo_settings(config, mode: str) -> GAPOConfig:
     return policy_loss
 
 
+def per_rollout_eps_high(stats: GroupStats, positive: torch.Tensor, eps_low: float, eps_high_max: float,
+                         schedule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) float32 upper clips and the (B,) bool mask of rollouts that get the adaptive one.
+
+    A rollout gets eps_high(c, k) when it is a success with a positive advantage, eps_low otherwise.
+    """
+    device = positive.device
+    adaptive = stats.success.to(device) & positive
+    eps_c = eps_high_schedule(stats.num_correct.to(device), stats.group_size.to(device), eps_low, eps_high_max,
+                              schedule)
+    return torch.where(adaptive, eps_c, torch.full_like(eps_c, eps_low)), adaptive
+
+
 def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     stats = _GROUP_STATS.get()
     if stats is None:
@@ -100,11 +142,9 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     settings = _gapo_settings(config, mode)
     eps_low, eps_high_max = resolve_gapo_clips(config, settings)
 
-    num_correct = stats.num_correct.to(log_prob.device)
-    eps_high_c = adaptive_eps_high(num_correct, stats.group_size.to(log_prob.device), eps_low, eps_high_max, settings.schedule)
-    # Only correct rollouts (A > 0) get the adaptive bound; for A <= 0 the upper clip never binds anyway.
-    positive = masked_rollout_mean(advantages, response_mask) > 0
-    eps_high = torch.where(positive, eps_high_c.to(log_prob.dtype), torch.full_like(eps_high_c, eps_low, dtype=log_prob.dtype))
+    # The surrogates compute in float32 whatever the log-probs' dtype (bf16 cannot tell 1 + 3e-4 from 1).
+    positive = (advantages * response_mask).sum(-1) > 0  # the rollout's advantage is positive (sign of its sum)
+    eps_high, adaptive = per_rollout_eps_high(stats, positive, eps_low, eps_high_max, settings.schedule)
 
     if mode == "gapo":
         terms = sequence_clipped_surrogate(log_prob, old_log_prob, advantages, response_mask, eps_low, eps_high)
@@ -112,30 +152,39 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
         terms = token_clipped_surrogate(
             log_prob, old_log_prob, advantages, response_mask, eps_low, eps_high, clip_ratio_c=config.get("clip_ratio_c", 3.0)
         )
-    pg_losses = terms.loss if rollout_is_weights is None else terms.loss * rollout_is_weights
+    pg_losses = terms.loss if rollout_is_weights is None else terms.loss * rollout_is_weights.float()
     pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
 
-    mask = response_mask.to(terms.ratio.dtype)
-    n_tokens = mask.sum().clamp(min=1)
-    metrics: dict[str, Any] = {
-        "actor/pg_clipfrac": ((terms.clipped.to(mask.dtype) * mask).sum() / n_tokens).item(),
-        "actor/ppo_kl": (-(terms.log_ratio * mask).sum() / n_tokens).item(),
-        "actor/pg_clipfrac_lower": ((terms.dual_clipped.to(mask.dtype) * mask).sum() / n_tokens).item(),
-    }
+    with torch.no_grad():
+        n_tokens = terms.tokens.sum().clamp(min=1)
+        values = [terms.clipped_tokens.sum() / n_tokens, -terms.log_ratio_sum.sum() / n_tokens,
+                  terms.dual_clipped_tokens.sum() / n_tokens]
+        table = None
+        if settings.diagnostics:
+            # rows c = 0..rollout_n of (clipped, ratio_dev, tokens, rollouts) over adaptive rollouts; row 0 unused
+            table = per_success_count_table(terms, stats.num_correct.to(n_tokens.device), adaptive, config.rollout_n)
+            values += [(eps_high * adaptive).sum(), adaptive.sum()]
+        # one device-to-host transfer for every metric of the micro-batch
+        flat = torch.stack(values).float()
+        if table is not None:
+            flat = torch.cat([flat, table.reshape(-1)])
+        flat = flat.tolist()
+    metrics = dict(zip(("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"), flat[:3]))
     if settings.diagnostics:
-        metrics.update(_diagnostic_sums(terms, advantages, response_mask, num_correct, positive, eps_high, config))
+        stats.sums.update(_named_sums(flat[3], flat[4], flat[5:]))
     return pg_loss, metrics
 
 
-def _diagnostic_sums(terms, advantages, response_mask, num_correct, positive, eps_high, config) -> dict[str, float]:
-    """Raw sums, reported identically by every micro-batch and rank (see `per_success_count_sums`)."""
-    sums = {
-        f"{SUMS_PREFIX}/eps_high_sum": float((eps_high * positive).sum()),
-        f"{SUMS_PREFIX}/positive_rollouts": float(positive.sum()),
-    }
-    for c, row in per_success_count_sums(terms, advantages, response_mask, num_correct, config.rollout_n - 1).items():
-        for name, value in row.items():
-            sums[f"{SUMS_PREFIX}/c{c}/{name}"] = value
+def _named_sums(eps_high_sum: float, adaptive_rollouts: float, table: list[float]) -> dict[str, float]:
+    """The flat (k_max + 1) x 4 table as f"{SUMS_PREFIX}/c{c}/{name}" (c >= 1) plus the threshold sums.
+
+    Every micro-batch and rank reports every key (zeros where a c is absent): verl aggregates per key.
+    """
+    width = len(SUM_NAMES)
+    sums = {f"{SUMS_PREFIX}/eps_high_sum": eps_high_sum, f"{SUMS_PREFIX}/positive_rollouts": adaptive_rollouts}
+    for c in range(1, len(table) // width):
+        for j, name in enumerate(SUM_NAMES):
+            sums[f"{SUMS_PREFIX}/c{c}/{name}"] = table[c * width + j]
     return sums
 
 

@@ -1,7 +1,9 @@
 """GAPOTrainer: verl's synchronous v1 PPO trainer plus the two things GAPO needs, registered as trainer mode `gapo`.
 
-1. At advantage time, each rollout's group success count c and group size k (by uid, from the sequence
-   reward, padding rollouts excluded) are written into the batch as `gapo_num_correct` / `gapo_group_size`.
+1. At advantage time, each rollout's group success count c, group size k and own success flag (grouped
+   as verl's GRPO advantage groups, `gapo.groups`; a success is a sequence reward above `success_threshold`,
+   not truncated under `mask_truncated`) are written into the batch as `gapo_num_correct`,
+   `gapo_group_size`, `gapo_success`.
 2. The actor's loss callable becomes `GAPOActorLoss`, which hands them to the registered GAPO loss inside
    the FSDP actor update (verl's `set_loss_fn` hook; verl's `ppo_loss` still does the rest).
 After the actor update the loss's raw per-c sums become the paper's diagnostics (`gapo/*` metrics).
@@ -10,8 +12,10 @@ samples per prompt (`val_passk_metrics`): unbiased pass@k for k = 1, 2, 4, ... <
 benchmark, as `val-passk/<data_source>/...`.
 
 Trainer mode: verl switches to its asynchronous code paths (replay buffer, TransferQueue checkpointing)
-for any `trainer.v1.trainer_mode` other than "sync". This trainer is selected by the name `gapo` and sets the
-mode back to "sync" before verl's constructor reads it, so everything else runs exactly as verl's sync trainer.
+for any `trainer.v1.trainer_mode` other than "sync". This trainer is selected by the name `gapo`; the config
+keeps "gapo" (what is logged and saved), and the trainer's own `trainer_mode` attribute, which every one of
+verl's sync/async switches reads, is set to "sync" in `_build_replay_buffer`, so everything else runs exactly
+as verl's sync trainer.
 """
 
 from __future__ import annotations
@@ -20,22 +24,30 @@ import logging
 import numpy as np
 import torch
 import transfer_queue as tq
-from omegaconf import open_dict
 from tensordict import TensorDict
+from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
 from eval.passk import passk_metrics
-from gapo.groups import group_success_counts
+from gapo.groups import group_statistics, session_final_rows
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
-from gapo.verl_plugin.losses import GAPO_LOSS_MODES, GROUP_SIZE_KEY, NUM_CORRECT_KEY, SUMS_PREFIX, GAPOActorLoss
+from gapo.verl_plugin.losses import (
+    GAPO_LOSS_MODES,
+    GROUP_SIZE_KEY,
+    NUM_CORRECT_KEY,
+    SUCCESS_KEY,
+    SUMS_PREFIX,
+    GAPOActorLoss,
+)
 from gapo.verl_plugin.validate import validate_gapo_config
 
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "gapo"
+VERL_SYNC_MODE = "sync"  # the mode verl's sync code paths test `self.trainer_mode` against
 
 
 @register_trainer(TRAINER_MODE)
@@ -44,13 +56,35 @@ class GAPOTrainer(PPOTrainerSync):
 
     def __init__(self, config):
         validate_gapo_config(config)
-        with open_dict(config):
-            config.trainer.v1.trainer_mode = "sync"  # keep verl's sync semantics (see module docstring)
+        # The config is left as the user wrote it (trainer.v1.trainer_mode=gapo: what verl logs and what a second
+        # trainer built from it validates); verl's sync semantics come from `_build_replay_buffer` below.
         super().__init__(config)
+        if self.trainer_mode != VERL_SYNC_MODE:  # verl changed the order in PPOTrainer.__init__: fail, not go async
+            raise RuntimeError(
+                f"GAPOTrainer runs verl's sync trainer, but verl's PPOTrainer.__init__ left trainer_mode="
+                f"{self.trainer_mode!r}: GAPOTrainer._build_replay_buffer was not called after it read the mode"
+            )
         self._gapo = omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
 
+    def _build_replay_buffer(self):
+        """verl's sync replay buffer, with the trainer's mode set to verl's "sync".
+
+        verl's `PPOTrainer.__init__` reads `trainer.v1.trainer_mode` (here "gapo", the name that selected this
+        class) once into `self.trainer_mode` and `self.parameter_sync_step`, then calls this; all of verl's
+        sync/async switches after that read `self.trainer_mode` (replay buffer class, `data.gen_batch_size`,
+        TransferQueue checkpointing and prompt persistence), never the config. Setting the attributes here, as
+        verl would have for mode "sync", gives exactly verl's sync trainer without rewriting the config.
+        """
+        self.trainer_mode = VERL_SYNC_MODE
+        self.parameter_sync_step = self.config.trainer.v1.get(VERL_SYNC_MODE, {}).get("parameter_sync_step", 1)
+        return super()._build_replay_buffer()
+
     def on_init_end(self):
-        super().on_init_end()
+        super().on_init_end()  # verl's sync trainer: push the (possibly resumed) actor weights to the rollout
+        loss_mode = self.config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla")
+        if loss_mode not in GAPO_LOSS_MODES:
+            return  # baselines keep the loss verl installed (ppo_loss, or distillation_ppo_loss)
+        # validate_gapo_config refused distillation with a GAPO loss: the loss replaced here is verl's ppo_loss
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(GAPOActorLoss(actor_config))
 
@@ -58,49 +92,47 @@ class GAPOTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"]
         )
-        real = np.array([not tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
-        uids = _as_list(data["uid"])
-        # padding rollouts (verl's batch balancing) copy a real uid: give each its own group
-        uids = [u if r else f"__padding_{i}" for i, (u, r) in enumerate(zip(uids, real))]
-        scores = data["rm_scores"].to_padded_tensor(0.0).sum(-1)  # sequence reward (token scores are nested)
-        num_correct, group_size = group_success_counts(uids, scores, self._gapo.success_threshold)
-        fields = TensorDict({NUM_CORRECT_KEY: num_correct, GROUP_SIZE_KEY: group_size}, batch_size=len(batch))
+        real = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
+        stats, truncated = rollout_group_statistics(
+            batch.keys, _as_list(data["uid"]), data["rm_scores"], self._gapo,
+            max_response_length=self.config.data.max_response_length,
+            sessions=self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GRPO,
+        )
+        fields = TensorDict({NUM_CORRECT_KEY: stats.num_correct, GROUP_SIZE_KEY: stats.group_size,
+                             SUCCESS_KEY: stats.success.float()}, batch_size=len(batch))
         # kv_batch_put returns the handle that knows the new fields; the old one would silently lack them.
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-        metrics.update(self._group_metrics(num_correct[real], group_size[real], scores[real]))
-        metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real) if r]))
         batch = super()._compute_advantage(batch, metrics)
-        if self._gapo.mask_truncated:
-            batch = self._mask_truncated(batch, data["rm_scores"], metrics)
-        return batch
-
-    def _mask_truncated(self, batch, token_scores, metrics):
-        """Overlong filtering (DeepCoder): responses cut at data.max_response_length get zero advantage."""
-        lengths = token_scores.offsets().diff() if token_scores.is_nested else torch.full(
-            (len(batch),), token_scores.shape[-1])
-        truncated = lengths >= self.config.data.max_response_length
-        metrics["gapo/truncated_frac"] = truncated.float().mean().item()
-        if not truncated.any():
-            return batch
         advantages = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                      select_fields=["advantages"])["advantages"]
-        fields = TensorDict({"advantages": zero_rows(advantages, truncated)}, batch_size=len(batch))
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        if self._gapo.mask_truncated:
+            metrics["gapo/truncated_frac"] = truncated[real].float().mean().item()
+            if truncated.any():
+                advantages = zero_rows(advantages, truncated)
+                fields = TensorDict({"advantages": advantages}, batch_size=len(batch))
+                batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        positive = torch.stack([row.sum() for row in advantages.unbind()]) > 0
+        metrics.update(self._group_metrics(stats, positive, real))
+        metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real.tolist()) if r]))
+        return batch
 
-    def _group_metrics(self, num_correct, group_size, scores) -> dict[str, float]:
-        """Group mix and the thresholds the loss will use for correct rollouts of mixed groups (exact)."""
-        success = scores > self._gapo.success_threshold
-        mixed = (num_correct > 0) & (num_correct < group_size)
+    def _group_metrics(self, stats, positive, real) -> dict[str, float]:
+        """Group mix over real rollouts, and the thresholds the loss will give them (exact: the same rule).
+
+        `gapo/eps_high/*` covers the rollouts that get the adaptive bound: successes with a positive advantage.
+        """
+        num_correct, group_size = stats.num_correct[real], stats.group_size[real]
         out = {
-            "gapo/groups/mixed_frac": mixed.float().mean().item(),
+            "gapo/groups/mixed_frac": ((num_correct > 0) & (num_correct < group_size)).float().mean().item(),
             "gapo/groups/all_correct_frac": (num_correct == group_size).float().mean().item(),
             "gapo/groups/all_wrong_frac": (num_correct == 0).float().mean().item(),
             "gapo/groups/size_mean": group_size.mean().item(),
         }
-        used = success & mixed
+        used = stats.success & positive & real
         if used.any() and self._gapo.loss_mode in GAPO_LOSS_MODES:  # baselines use verl's fixed clips
             eps_low, eps_high_max = resolve_gapo_clips(self.config.actor_rollout_ref.actor, self._gapo)
-            eps = adaptive_eps_high(num_correct[used], group_size[used], eps_low, eps_high_max, self._gapo.schedule)
+            eps = adaptive_eps_high(stats.num_correct[used], stats.group_size[used], eps_low, eps_high_max,
+                                    self._gapo.schedule)
             out.update({"gapo/eps_high/mean": eps.mean().item(), "gapo/eps_high/min": eps.min().item(),
                         "gapo/eps_high/max": eps.max().item()})
         return out
@@ -117,6 +149,34 @@ class GAPOTrainer(PPOTrainerSync):
         metrics.update(val_passk_metrics(data_sources, sample_uids, reward_extra_infos_dict, expected_acc_counts,
                                          self._gapo.success_threshold))
         return metrics
+
+
+def rollout_group_statistics(keys, uids, token_scores, settings, max_response_length: int, sessions: bool):
+    """Each rollout's (c, k, success) as the loss uses them, and which responses were truncated.
+
+    Args:
+        keys: verl's batch keys `{uid}_{session}_{index}`; uids: the rows' uids.
+        token_scores: (B, *) token-level rewards, nested (jagged) as TransferQueue returns them, or padded.
+        settings: GAPOConfig (success_threshold, mask_truncated).
+        max_response_length: data.max_response_length; a response this long was cut.
+        sessions: group as verl's GRPO advantage does (final output of each session); False for estimators
+            that group every row.
+    Returns:
+        (GroupStatistics, truncated (B,) bool; all False unless settings.mask_truncated).
+
+    A success is a sequence reward above `success_threshold` and, under overlong filtering, not truncated:
+    a truncated response gets zero advantage, so it counts as a failure of its group (DeepCoder) and never
+    gets the adaptive bound.
+    """
+    scores = token_scores.to_padded_tensor(0.0).sum(-1) if token_scores.is_nested else token_scores.sum(-1)
+    if settings.mask_truncated:
+        lengths = token_scores.offsets().diff() if token_scores.is_nested else torch.full(
+            (len(keys),), token_scores.shape[-1])
+        truncated = lengths >= max_response_length
+    else:
+        truncated = torch.zeros(len(keys), dtype=torch.bool)
+    success = (scores > settings.success_threshold) & ~truncated
+    return group_statistics(uids, success, session_final_rows(keys) if sessions else None), truncated
 
 
 def zero_rows(nested: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -162,8 +222,10 @@ def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: d
 def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
     """Pop the loss's raw sums out of `metrics` and return the paper's diagnostics as ratios.
 
-    Every micro-batch and rank reports every sum, and verl averages them over the same entries, so
-    numerator / denominator is the exact ratio over the step. Names (grouped under `gapo/` in W&B):
+    The loss reports them as SUM-aggregated verl Metrics: verl sums them over a mini-batch's micro-batches,
+    averages over data-parallel ranks and then over mini-batches, which scales every sum by the same factor,
+    so numerator / denominator is the exact ratio over the step whatever the (dynamic) micro-batching.
+    Names (grouped under `gapo/` in W&B):
     gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c}, gapo/loss_eps_high_mean.
     """
     prefix = f"actor/{SUMS_PREFIX}/"
