@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig
+from verl.trainer.distillation import is_distillation_enabled
 from verl.utils.config import omega_conf_to_dataclass
 
 from gapo.config import GAPOConfig
@@ -31,6 +32,13 @@ def validate_gapo_config(config: DictConfig) -> None:
             f"trainer.v1.trainer_mode={trainer_mode} (trainer.use_v1={config.trainer.get('use_v1', True)}): set "
             f"trainer.use_v1=true trainer.v1.trainer_mode={GAPO_TRAINER_MODE} (configs/gapo_trainer.yaml does), "
             "or pick a non-GAPO loss_mode"
+        )
+    if is_distillation_enabled(config.get("distillation")):
+        raise GAPOConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} cannot be combined with on-policy distillation "
+            "(distillation.enabled=true): GAPO's actor loss would replace verl's distillation loss, and verl's "
+            "distillation loss cannot run a GAPO policy loss. Set distillation.enabled=false, or pick a non-GAPO "
+            "loss_mode (e.g. actor_rollout_ref.actor.policy_loss.loss_mode=gspo) to distil"
         )
     target = actor.policy_loss.get("_target_", "")
     if target != POLICY_LOSS_TARGET:
