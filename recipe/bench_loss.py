@@ -1,14 +1,32 @@
-"""Benchmark: cost of the GAPO loss against verl's gspo loss on the same tensors (forward + backward).
+"""Benchmark: cost of the GAPO loss against verl's gspo loss (forward + backward, same tensors).
 
-    python -m recipe.bench_loss [--batch 64] [--tokens 4096] [--repeats 20]
+    python -m recipe.bench_loss [--batch 64] [--tokens 4096] [--repeats 300] [--threads 1] [--json out.json]
+                                [--max-ratio-diag 1.15] [--max-ratio-nodiag 1.05]
 
-Both losses are called through verl's registry with the same actor config (clips 0.2 / 0.28,
-seq-mean-token-mean), as the actor update calls them; GAPO additionally computes its thresholds from
-the group statistics and, with diagnostics on, the per-c sums. Prints median milliseconds and the ratio.
+Three variants, called through verl's registry (`get_policy_loss_fn`) with one actor config (clips
+0.2 / 0.28, seq-mean-token-mean) as the actor update calls them: verl's `gspo`, and `gapo` with its
+diagnostics on and off. The batch is groups of k rollouts with c successes each (1 <= c < k), GRPO
+advantages ((k - c) / k for a success, -c / k for a failure) and responses of varying length.
+
+Noise control, for small shared machines: each round runs every variant once, in an order that rotates
+from round to round, and warm-up rounds are dropped; one torch thread, timed by this process's CPU
+time, which leaves out the time other processes take the core; freed memory stays in the process (as
+with a GPU's caching allocator), so calls do not pay page faults. The output's second line says which.
+
+Output, per variant: min and median ms (with the interquartile range), and the cost relative to gspo
+two ways: the ratio of minimums, and the median (IQR) of per-round paired ratios (variant / gspo in the
+same round, which cancels drifts in machine speed). The paired median is the robust figure, and the
+one the optional --max-ratio-* checks use (exit 1 above them).
 """
 
+from __future__ import annotations
+
 import argparse
+import ctypes
+import gc
+import json
 import statistics
+import sys
 import time
 
 import torch
@@ -18,6 +36,14 @@ from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 from gapo.verl_plugin.config import GAPOPolicyLossConfig
 from gapo.verl_plugin.losses import group_stats_context
 
+BASE = "gspo"
+# key -> (label, registered loss mode, policy-loss config)
+VARIANTS = {
+    "gspo": ("verl gspo", "gspo", lambda: PolicyLossConfig(loss_mode="gspo")),
+    "gapo_diag": ("gapo, diagnostics on", "gapo", lambda: GAPOPolicyLossConfig(loss_mode="gapo")),
+    "gapo_nodiag": ("gapo, diagnostics off", "gapo", lambda: GAPOPolicyLossConfig(loss_mode="gapo", diagnostics=False)),
+}
+
 
 def _config(policy_loss, k):
     return FSDPActorConfig(strategy="fsdp2", rollout_n=k, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
@@ -25,58 +51,156 @@ def _config(policy_loss, k):
                            policy_loss=policy_loss)
 
 
-def _time_interleaved(steps: dict, repeats: int) -> dict:
-    """Median ms per step; the variants alternate within each repeat so that machine noise hits all alike."""
-    times = {name: [] for name in steps}
-    for i in range(repeats + 1):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            if i:  # the first round is warm-up
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+def _batch(b: int, t: int, k: int) -> dict:
+    """Groups of k consecutive rollouts; in each, the first c succeed (c drawn from 1..k-1, so that every
+    group has positive-advantage successes, which is where GAPO's adaptive clip applies)."""
+    c = torch.randint(1, k, (b // k,)).repeat_interleave(k)
+    success = torch.arange(b) % k < c
+    adv = torch.where(success, (k - c) / k, -c / k).float()
+    # Response lengths between a quarter and all of t, as in a real micro-batch.
+    lengths = torch.randint(t // 4, t + 1, (b,))
+    mask = torch.arange(t) < lengths[:, None]  # bool, as verl's ppo_loss passes it
+    old = -torch.rand(b, t) * 3
+    return {
+        "old": old,
+        "new": (old + torch.randn(b, t) * 0.05).requires_grad_(True),
+        "adv": adv[:, None].expand(b, t).contiguous(),
+        "mask": mask,
+        "num_correct": c.float(),
+        "group_size": torch.full((b,), float(k)),
+        "success": success,
+    }
 
 
-def main(argv=None):
+def _step(loss_mode: str, config, x: dict):
+    fn = get_policy_loss_fn(loss_mode)
+
+    def step():
+        x["new"].grad = None
+        with group_stats_context(x["num_correct"], x["group_size"], x["success"]):  # gspo ignores it
+            loss, _ = fn(old_log_prob=x["old"], log_prob=x["new"], advantages=x["adv"], response_mask=x["mask"],
+                         loss_agg_mode=config.loss_agg_mode, config=config, rollout_is_weights=None)
+        loss.backward()
+
+    return step
+
+
+def _keep_freed_memory() -> bool:
+    """Stop glibc from handing freed tensor memory back to the OS, so that each call does not pay (noisy)
+    page faults to get it back; like a GPU's caching allocator. False where this is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    # 32 MiB is glibc's ceiling for the mmap threshold on 64-bit: tensors below it come from the heap.
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 62))
+
+
+def _time_rounds(steps: dict, rounds: int, warmup: int, clock) -> dict[str, list[float]]:
+    """Seconds per call, one list per variant, index = round. Each round runs every variant once; the
+    order rotates so that no variant always runs first, when caches hold another variant's data least."""
+    names = list(steps)
+    times = {name: [] for name in names}
+    gc.collect()
+    gc.disable()  # a collection pause would land on whichever variant happens to be running
+    try:
+        for i in range(warmup + rounds):
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                start = clock()
+                steps[name]()
+                elapsed = clock() - start
+                if i >= warmup:
+                    times[name].append(elapsed)
+    finally:
+        gc.enable()
+    return times
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, median, q3
+
+
+def _summarize(times: dict[str, list[float]]) -> dict[str, dict]:
+    base = times[BASE]
+    out = {}
+    for name, ts in times.items():
+        ms = [s * 1e3 for s in ts]
+        q1, median, q3 = _quartiles(ms)
+        p1, pmed, p3 = _quartiles([s / b for s, b in zip(ts, base)])
+        out[name] = {"label": VARIANTS[name][0], "min_ms": min(ms), "median_ms": median, "q1_ms": q1, "q3_ms": q3,
+                     "ratio_of_min": min(ts) / min(base),
+                     "paired_ratio_median": pmed, "paired_ratio_q1": p1, "paired_ratio_q3": p3}
+    return out
+
+
+def _print(summary: dict, setup: dict) -> None:
+    print(f"loss forward+backward: {setup['batch']} rollouts x {setup['tokens']} tokens "
+          f"({setup['response_tokens']} in responses), k={setup['group_size']}")
+    print(f"{setup['rounds']} rounds after {setup['warmup']} warm-up, rotating order; {setup['threads']} torch "
+          f"thread(s) (--threads); clock: {setup['clock']} (--clock); freed memory kept: {setup['memory_kept']}")
+    print(f"  {'':<22} {'min ms':>8} {'median ms (IQR)':>24}   {'min/min':>7}   {'paired ratio (IQR)':>21}")
+    for s in summary.values():
+        spread = f"{s['median_ms']:.2f} ({s['q1_ms']:.2f}-{s['q3_ms']:.2f})"
+        paired = f"{s['paired_ratio_median']:.3f} ({s['paired_ratio_q1']:.3f}-{s['paired_ratio_q3']:.3f})"
+        print(f"  {s['label']:<22} {s['min_ms']:8.2f} {spread:>24}   {s['ratio_of_min']:7.3f}   {paired:>21}")
+    print("ratios to verl gspo; paired ratio = median of per-round variant/gspo (the robust figure)")
+
+
+def _over_limits(summary: dict, limits: dict[str, float | None]) -> list[str]:
+    return [f"{summary[name]['label']}: paired ratio {summary[name]['paired_ratio_median']:.3f} > limit {limit}"
+            for name, limit in limits.items()
+            if limit is not None and summary[name]["paired_ratio_median"] > limit]
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recipe.bench_loss", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--tokens", type=int, default=4096, help="padded response length; real lengths vary")
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=300, help="timed rounds (each runs every variant once)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed rounds first")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads; 1 reduces noise")
+    parser.add_argument("--clock", choices=("cpu", "wall"),
+                        help="cpu: this process's CPU time (default with 1 thread); wall: elapsed (default otherwise)")
+    parser.add_argument("--release-memory", action="store_true", help="let glibc return freed memory to the OS")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--max-ratio-diag", type=float, help="exit 1 if gapo (diagnostics on) paired ratio is above")
+    parser.add_argument("--max-ratio-nodiag", type=float, help="exit 1 if gapo (diagnostics off) paired ratio is above")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    b, t, k = args.batch, args.tokens, args.group_size
-    old = -torch.rand(b, t) * 3
-    new = (old + torch.randn(b, t) * 0.05).requires_grad_(True)
-    adv = torch.randn(b, 1).expand(b, t).contiguous()
-    mask = torch.ones(b, t)
-    num_correct, group_size = torch.randint(0, k + 1, (b,)).float(), torch.full((b,), float(k))
+    if args.repeats < 2:
+        parser.error("--repeats must be at least 2")
+    if args.batch % args.group_size:
+        parser.error(f"--batch {args.batch} is not a multiple of --group-size {args.group_size}")
+    # With several threads, CPU time would count their spinning and hide the parallel speed-up.
+    clock_name = args.clock or ("cpu" if args.threads == 1 else "wall")
+    clock = time.process_time if clock_name == "cpu" else time.perf_counter
 
-    def run(loss_mode, config):
-        fn = get_policy_loss_fn(loss_mode)
+    memory_kept = not args.release_memory and _keep_freed_memory()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    k = args.group_size
+    x = _batch(args.batch, args.tokens, k)
+    steps = {name: _step(mode, _config(make_policy_loss(), k), x) for name, (_, mode, make_policy_loss)
+             in VARIANTS.items()}
+    summary = _summarize(_time_rounds(steps, args.repeats, args.warmup, clock))
 
-        def step():
-            new.grad = None
-            with group_stats_context(num_correct, group_size):  # ignored by gspo
-                loss, _ = fn(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
-                             loss_agg_mode=config.loss_agg_mode, config=config, rollout_is_weights=None)
-            loss.backward()
+    setup = {"batch": args.batch, "tokens": args.tokens, "response_tokens": int(x["mask"].sum()), "group_size": k,
+             "rounds": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(), "clock": clock_name,
+             "memory_kept": memory_kept, "torch": torch.__version__}
+    _print(summary, setup)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"setup": setup, "variants": summary}, f, indent=1)
 
-        return step
-
-    ms = _time_interleaved(
-        {
-            "verl gspo": run("gspo", _config(PolicyLossConfig(loss_mode="gspo"), k)),
-            "gapo, diagnostics on": run("gapo", _config(GAPOPolicyLossConfig(loss_mode="gapo"), k)),
-            "gapo, diagnostics off": run("gapo", _config(GAPOPolicyLossConfig(loss_mode="gapo", diagnostics=False), k)),
-        },
-        args.repeats,
-    )
-    base = ms["verl gspo"]
-    print(f"loss forward+backward on {b} x {t} tokens, k={k}, median of {args.repeats}, {torch.get_num_threads()} threads")
-    for name, value in ms.items():
-        print(f"  {name:<24} {value:8.2f} ms   ratio to gspo {value / base:.2f}")
+    failures = _over_limits(summary, {"gapo_diag": args.max_ratio_diag, "gapo_nodiag": args.max_ratio_nodiag})
+    for line in failures:
+        print(f"FAIL {line}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
