@@ -1,15 +1,78 @@
 """End to end on CPU: verl's real trainer (Ray, FSDP2 actor, HF rollout groups, reward, GAPO loss) trains two
 steps with a checkpoint each step, then a second run resumes from the checkpoint and trains step 3.
-The same code path as `make smoke` (recipe/smoke.py), asserted in more detail."""
+The same code path as `make smoke` (recipe/smoke.py), asserted in more detail.
+
+The GAPO metrics are checked against an independent computation from verl's own rollout dump
+(`trainer.rollout_data_dir`: one `{step}.jsonl` per step, written by verl's v1 trainer, not by GAPO code):
+groups, success counts and thresholds are recomputed here in plain python from each rollout's TransferQueue
+key and sequence score, so a bug in the trainer's grouping or row selection cannot pass unnoticed."""
+
+import json
+from collections import Counter
+from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from recipe.smoke import run_smoke
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    return run_smoke(tmp_path_factory.mktemp("smoke"), steps=2, resume_steps=1)
+    out = tmp_path_factory.mktemp("smoke")
+    rollout_dir = out / "rollouts"
+    result = run_smoke(out, steps=2, resume_steps=1, overrides=[f"trainer.rollout_data_dir={rollout_dir}"])
+    return {**result, "rollout_dir": rollout_dir}
+
+
+@pytest.fixture(scope="module")
+def clips():
+    """(eps_low, eps_high_max, success_threshold) as the smoke preset configures them."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose("smoke_cpu")
+    actor = cfg.actor_rollout_ref.actor
+    loss = actor.policy_loss
+    assert loss.loss_mode == "gapo" and loss.schedule == "linear"  # the formula below is the linear schedule
+    assert actor.clip_ratio_low is not None and loss.eps_high_max is not None
+    return float(actor.clip_ratio_low), float(loss.eps_high_max), float(loss.success_threshold)
+
+
+def read_rollouts(path: Path) -> list[tuple[str, float]]:
+    """(TransferQueue key `{uid}_{session}_{index}`, sequence score) per rollout of one step's dump."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(row["uid"], float(row["score"])) for row in rows]
+
+
+def expected_metrics(rollouts: list[tuple[str, float]], eps_low: float, eps_high_max: float,
+                     threshold: float) -> dict[str, float]:
+    """The step's GAPO metrics recomputed from its rollouts (real ones only; verl's padding rows have uid pad...).
+
+    Group metrics are per rollout (the fraction of rollouts in such groups, the mean group size over rollouts);
+    thresholds are over the successes of mixed groups: eps_low + (eps_high_max - eps_low) * (k - c) / (k - 1).
+    """
+    keys = [key for key, _ in rollouts]
+    assert len(set(keys)) == len(keys), "duplicate rollout keys in the dump"
+    real = [(key.rsplit("_", 2)[0], score) for key, score in rollouts if not key.startswith("pad")]
+    k = Counter(uid for uid, _ in real)
+    c = Counter(uid for uid, score in real if score > threshold)
+    n = len(real)
+    eps = [eps_low + (eps_high_max - eps_low) * (k[uid] - c[uid]) / (k[uid] - 1)
+           for uid, score in real if score > threshold and 0 < c[uid] < k[uid]]
+    assert eps, "no success in a mixed group: nothing to check the thresholds on"
+    mean = sum(eps) / len(eps)
+    return {
+        "gapo/groups/mixed_frac": sum(0 < c[uid] < k[uid] for uid, _ in real) / n,
+        "gapo/groups/all_correct_frac": sum(c[uid] == k[uid] for uid, _ in real) / n,
+        "gapo/groups/all_wrong_frac": sum(c[uid] == 0 for uid, _ in real) / n,
+        "gapo/groups/size_mean": sum(k[uid] for uid, _ in real) / n,
+        "gapo/eps_high/mean": mean,
+        "gapo/eps_high/min": min(eps),
+        "gapo/eps_high/max": max(eps),
+        # the loss's mean over success rollouts with positive advantage (binary rewards: the same set)
+        "gapo/loss_eps_high_mean": mean,
+    }
 
 
 @pytest.mark.slow
@@ -25,13 +88,22 @@ def test_two_steps_checkpoint_then_resume(smoke):
 
 
 @pytest.mark.slow
-def test_per_rollout_thresholds_reached_the_loss(smoke):
-    for step, m in {**smoke["run1"], **smoke["run2"]}.items():
-        # The driver's thresholds for correct rollouts of mixed groups and the mean the loss used inside the
-        # FSDP update (positive-advantage rollouts) are the same set: they must agree.
-        assert m["gapo/loss_eps_high_mean"] == pytest.approx(m["gapo/eps_high/mean"], rel=1e-5), step
-        assert 0.02 <= m["gapo/eps_high/min"] <= m["gapo/eps_high/mean"] <= m["gapo/eps_high/max"] <= 0.05 + 1e-7
-        assert 0 < m["gapo/groups/mixed_frac"] <= 1 and m["gapo/groups/size_mean"] == 8
+def test_per_rollout_thresholds_reached_the_loss(smoke, clips):
+    eps_low, eps_high_max, threshold = clips
+    metrics = {**smoke["run1"], **smoke["run2"]}
+    assert sorted(p.name for p in smoke["rollout_dir"].glob("*.jsonl")) == [f"{s}.jsonl" for s in sorted(metrics)]
+    for step, m in metrics.items():
+        rollouts = read_rollouts(smoke["rollout_dir"] / f"{step}.jsonl")
+        expected = expected_metrics(rollouts, eps_low, eps_high_max, threshold)
+        # The smoke preset: 8 prompts x k = 8 rollouts per step, binary scores.
+        assert sum(not key.startswith("pad") for key, _ in rollouts) == 64, step
+        assert {score for _, score in rollouts} <= {0.0, 1.0}, step
+        # Mean score over the real rollouts is verl's critic/score/mean (dump and metrics are the same step).
+        real_scores = [score for key, score in rollouts if not key.startswith("pad")]
+        assert m["critic/score/mean"] == pytest.approx(sum(real_scores) / len(real_scores), rel=1e-5), step
+        for name, value in expected.items():
+            assert m[name] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, name, m[name], value)
+        assert 0 < m["gapo/groups/mixed_frac"] <= 1
         # The reward's extra fields reach the training metrics (the smoke reward's acc equals its score).
         assert m["reward/acc/mean"] == pytest.approx(m["critic/score/mean"]), step
         # Weight sync to the HF rollout server is right: rollout and actor log-probs agree.
