@@ -63,7 +63,7 @@ smoke: install
 	$(PY) -m recipe.smoke --out $(SMOKE_DIR)
 
 bench: install
-	$(PY) -m recipe.bench_loss
+	$(PY) -m recipe.bench_loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05
 	$(PY) -m recipe.bench_math_reward
 	$(PY) -m recipe.bench_sandbox
 
