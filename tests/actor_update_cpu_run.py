@@ -76,7 +76,8 @@ EXACT_MINI_BATCH = 4  # rollouts per mini-batch: ROWS make two, in order (datalo
 EXACT_MICRO = 2  # fixed micro-batch size
 EXACT_MAX_TOKENS = 12  # dynamic: mini-batch 1 (4 x 3 tokens) fits one micro-batch, mini-batch 2 (4 x 10) needs four
 VARIANTS = {
-    "fixed": [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={EXACT_MICRO}"],
+    "fixed": ["actor_rollout_ref.actor.use_dynamic_bsz=false",
+              f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={EXACT_MICRO}"],
     "dynamic": ["actor_rollout_ref.actor.use_dynamic_bsz=true",
                 f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={EXACT_MAX_TOKENS}"],
     # packed sequences (no attention mask, position ids restart per sequence), with dynamic batch sizes

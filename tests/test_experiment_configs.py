@@ -91,3 +91,29 @@ def test_later_stages_demand_the_previous_stage_model(name, monkeypatch):
         _ = _compose(name).actor_rollout_ref.model.path
     monkeypatch.setenv("GAPO_STAGE_INIT_MODEL", "/models/stage_prev")
     assert _compose(name).actor_rollout_ref.model.path == "/models/stage_prev"
+
+
+# The README's GPU command and cluster shapes (1 x 8 and 4 x 8) with the default preset, and the CPU presets.
+README_COMMAND = ["data.train_files=/data/train.parquet", "data.val_files=/data/val.parquet",
+                  "actor_rollout_ref.model.path=/models/base"]
+
+
+@pytest.mark.parametrize("nnodes", [1, 4])
+@pytest.mark.parametrize("name", ["gapo_trainer", *EXPERIMENTS])
+def test_gpu_presets_pass_verls_startup_validation_at_the_readme_cluster_shape(name, nnodes):
+    cfg = _compose(name, [*README_COMMAND, "trainer.n_gpus_per_node=8", f"trainer.nnodes={nnodes}"])
+    validate_gapo_config(cfg)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert actor.use_dynamic_bsz  # the GPU path packs micro-batches by tokens
+    assert actor.ppo_max_token_len_per_gpu >= cfg.data.max_prompt_length + cfg.data.max_response_length
+
+
+def test_cpu_smoke_preset_passes_verls_startup_validation_with_dynamic_batches():
+    cfg = _compose("smoke_cpu")
+    validate_gapo_config(cfg)
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    # several micro-batches per mini-batch of 16 rollouts, as on GPUs
+    assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu < 16 * (cfg.data.max_prompt_length + 8)
