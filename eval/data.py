@@ -9,15 +9,16 @@ dispatches on), ``prompt`` (chat messages, or a plain string), ``reward_model.gr
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gapo.data.parquet_io import data_root
 
 SUBDIRS = ("math", "code")
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("GAPO_DATA_DIR", "data"))
+    return data_root()
 
 
 @dataclass

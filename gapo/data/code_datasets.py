@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gapo.data.math_datasets import LOCAL_SUFFIXES, HubUnavailableError, is_local_source
-from gapo.data.parquet_io import write_rows
+from gapo.data.parquet_io import data_root, write_rows
 from gapo.rewards.code import parse_tests
 
 ABILITY = "code"
@@ -655,16 +655,17 @@ def format_bytes(n: int) -> str:
     return f"{n / (1 << 20):.2f} MiB"
 
 
-def prepare(spec: CodeDatasetSpec, source: str | os.PathLike | None = None, out_dir: str | os.PathLike = "data/code",
+def prepare(spec: CodeDatasetSpec, source: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
             limit: int | None = None, max_tests: int | None = DEFAULT_MAX_TESTS,
             max_gt_bytes: int | None = DEFAULT_MAX_GT_BYTES) -> PrepareSummary:
-    """Convert one dataset to ``out_dir/<data_source>.parquet``; print and return a summary."""
+    """Convert one dataset to ``out_dir/<data_source>.parquet`` (default ``$GAPO_DATA_DIR/code``); print and
+    return a summary."""
     where = describe_source(spec, source)
     print(f"[{spec.data_source}] reading {where} ...", flush=True)
     rows = iter_source(spec, source)  # hub/package errors surface here, before any file is created
     stats = ConversionStats()
     converted = convert_rows(spec, rows, max_tests=max_tests, max_gt_bytes=max_gt_bytes, limit=limit, stats=stats)
-    path = write_parquet(converted, Path(out_dir) / f"{spec.data_source}.parquet")
+    path = write_parquet(converted, Path(out_dir or data_root() / "code") / f"{spec.data_source}.parquet")
     if source is None and limit is None and spec.expected_rows is not None and stats.rows_read != spec.expected_rows:
         print(f"[{spec.data_source}] note: {stats.rows_read} rows in the source, {spec.expected_rows} expected")
     summary = PrepareSummary(spec.data_source, where, stats, max_tests, max_gt_bytes, path)

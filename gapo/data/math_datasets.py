@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gapo.data.parquet_io import write_rows
+from gapo.data.parquet_io import data_root, write_rows
 
 # DeepScaleR's instruction, appended to every problem after one space: the only formatting the model is
 # asked for; the math reward reads the final answer from the response's \boxed{...}.
@@ -355,9 +355,10 @@ class PrepareSummary:
                 f"(empty answer or problem); wrote {self.rows_written} rows to {self.path}")
 
 
-def prepare(spec: MathDatasetSpec, source: str | os.PathLike | None = None, out_dir: str | os.PathLike = "data/math",
+def prepare(spec: MathDatasetSpec, source: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
             limit: int | None = None) -> PrepareSummary:
-    """Convert one dataset to ``out_dir/<data_source>.parquet``; print and return a summary."""
+    """Convert one dataset to ``out_dir/<data_source>.parquet`` (default ``$GAPO_DATA_DIR/math``); print and
+    return a summary."""
     where = str(source) if source is not None else f"hub {spec.hub_name} ({spec.split})"
     print(f"[{spec.data_source}] reading {where} ...", flush=True)
     raw = read_source(spec, source)
@@ -367,7 +368,7 @@ def prepare(spec: MathDatasetSpec, source: str | os.PathLike | None = None, out_
         print(f"[{spec.data_source}] note: {len(raw)} rows on the hub, {spec.expected_rows} expected")
     if limit is not None:
         rows = rows[:limit]
-    path = to_parquet(rows, Path(out_dir) / f"{spec.data_source}.parquet")
+    path = to_parquet(rows, Path(out_dir or data_root() / "math") / f"{spec.data_source}.parquet")
     summary = PrepareSummary(spec.data_source, where, len(raw), len(dropped), len(rows), path)
     print(summary, flush=True)
     return summary

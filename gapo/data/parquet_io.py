@@ -1,10 +1,19 @@
-"""Writing prepared rows as parquet: one writer for every dataset family (fixed schema, atomic rename)."""
+"""Prepared data on disk: where it lives (`data_root`, the one definition) and one parquet writer for every dataset
+family (fixed schema, atomic rename)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
 from pathlib import Path
+
+DATA_DIR_ENV = "GAPO_DATA_DIR"
+
+
+def data_root() -> Path:
+    """The data root: $GAPO_DATA_DIR, default ./data. The prepare CLIs write `<root>/math`, `<root>/code`; the
+    configs read `${oc.env:GAPO_DATA_DIR,data}/...` and the evaluator resolves benchmark names under it."""
+    return Path(os.environ.get(DATA_DIR_ENV) or "data")
 
 
 def write_rows(rows: Iterable[dict], path: str | os.PathLike, schema, batch_rows: int = 64) -> Path:

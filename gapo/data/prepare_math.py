@@ -16,7 +16,7 @@ numbers without a trailing ``.0``, lists joined by ", "). Rows with an empty ans
 counted. Field mappings: ``gapo.data.math_datasets.DATASETS``.
 
 Usage:
-    python -m gapo.data.prepare_math --dataset deepscaler            # -> data/math/deepscaler.parquet
+    python -m gapo.data.prepare_math --dataset deepscaler            # -> $GAPO_DATA_DIR/math/deepscaler.parquet (default data/math)
     python -m gapo.data.prepare_math --dataset all --out data/math   # all seven
     python -m gapo.data.prepare_math --dataset aime24 --limit 5      # first 5 rows only
 
@@ -36,9 +36,10 @@ from __future__ import annotations
 import argparse
 
 from gapo.data.cli import prepare_datasets
+from gapo.data.parquet_io import data_root
 from gapo.data.math_datasets import DATASETS, get_spec, prepare
 
-DEFAULT_OUT = "data/math"
+SUBDIR = "math"  # under the data root ($GAPO_DATA_DIR, default ./data)
 
 
 def main(argv: list[str] | None = None) -> list:
@@ -52,9 +53,11 @@ def main(argv: list[str] | None = None) -> list:
     p.add_argument("--source", default=None,
                    help="local .jsonl/.json/.parquet file (or another hub id) with the hub dataset's columns; "
                         "with --dataset all, a directory holding <name>.jsonl|.json|.parquet (default: the hub)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})")
+    p.add_argument("--out", default=None,
+                   help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; where the configs read)")
     p.add_argument("--limit", type=int, default=None, help="write at most N rows per dataset")
     args = p.parse_args(argv)
+    args.out = args.out or str(data_root() / SUBDIR)
     if args.limit is not None and args.limit < 0:
         p.error("--limit must be >= 0")
 
