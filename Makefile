@@ -1,5 +1,6 @@
 # Commands users type. Everything installs itself into ./.venv on first use.
 #   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
+#   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
@@ -12,8 +13,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU machines: this torch installs from a local wheel; any other version downloads a multi-GB CUDA build.
-# GPU clusters: skip this and `pip install -e .[gpu]`, which brings the torch verl's vllm extra pins.
+# GPU clusters: `make install-gpu` instead (torch and vllm as verl's vllm extra pins them, then flash-attn).
 TORCH_CPU ?= torch==2.13.0
+# verl 0.9.1's own pin (its `flash-attn-cu130torch211` extra); built against the installed torch, so without
+# build isolation and after torch (tests/test_packaging.py checks the pin against verl's metadata)
+FLASH_ATTN ?= flash-attn==2.8.3
 SMOKE_DIR ?= runs/smoke
 K ?= 8
 EPS_LOW ?= 0.2
@@ -31,7 +35,7 @@ PLOT ?= runs/eval/compare.png
 # inside the sandbox, which runs the system python3), shellcheck (tests of launch/ scripts)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-deps test test-fast smoke bench table eval eval-compare clean
+.PHONY: install install-gpu system-deps test test-fast smoke bench table eval eval-compare clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -52,6 +56,14 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	touch $@
 
 install: $(VENV)/.installed
+
+# GPU nodes (CUDA 13, x86_64): the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[gpu,dev]'
+	$(PY) -m pip install --no-build-isolation $(FLASH_ATTN)
+	$(PY) -c "import torch, vllm, flash_attn, verl, gapo; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'flash_attn', flash_attn.__version__, 'cuda', torch.cuda.is_available())"
 
 test: install
 	$(PY) -m pytest tests -v --durations=15
