@@ -1,7 +1,8 @@
 """Entry point: `python -m recipe.main_gapo [--config-name NAME] [hydra overrides...]`.
 
 verl's own PPO entry point with GAPO's config (configs/gapo_trainer.yaml, extending verl's ppo_trainer)
-and GAPO's start-up checks; the training loop is verl's v1 trainer, run in mode `gapo`
+and GAPO's start-up checks (config: gapo.verl_plugin.validate; data, model and GPUs:
+gapo.verl_plugin.preflight, before GPU time is spent); the training loop is verl's v1 trainer, run in mode `gapo`
 (`gapo.verl_plugin.trainer.GAPOTrainer`). Presets: `--config-name smoke_cpu` (tiny model on CPU).
 """
 
@@ -15,6 +16,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from gapo.verl_plugin.preflight import PreflightError, check_cluster_gpus, run_driver_checks
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
 
 @ray.remote
@@ -22,6 +24,9 @@ class GAPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's v1 task runner, with trainer mode `gapo` registered in its Ray process before it looks it up."""
 
     def run(self, config):
+        # Here, in the process where verl builds its resource pools: the cluster must hold them, or verl's
+        # placement groups could wait forever (PreflightError reaches the driver through ray.get in run_ppo).
+        check_cluster_gpus(config)
         import gapo.verl_plugin.trainer  # noqa: F401  (registers GAPOTrainer)
 
         return super().run(config)
@@ -38,7 +43,12 @@ def main(config):
     except GAPOConfigError as err:
         sys.exit(f"GAPO config error: {err}")
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=GAPOTaskRunner)
+    try:
+        run_driver_checks(config)  # data files, data_source values, model path: before any Ray work
+        run_ppo(config, task_runner_class=GAPOTaskRunner)
+    except PreflightError as err:  # from the task runner it arrives as a RayTaskError that is a PreflightError
+        problems = getattr(err, "cause", err)
+        sys.exit(f"GAPO preflight failed (GAPO_SKIP_PREFLIGHT=data,model,gpu skips checks):\n{problems}")
 
 
 if __name__ == "__main__":

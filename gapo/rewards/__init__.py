@@ -164,3 +164,21 @@ for _key, _default in CODE_RESULT_KEYS.items():
 
 __all__ = ["RESULT_DEFAULTS", "compute_score", "compute_score_batch", "get_scorer", "register_result_key",
            "register_scorer"]
+
+
+def is_known_data_source(data_source) -> bool:
+    """Whether :func:`compute_score` has a scorer for ``data_source`` (the same rules; nothing is imported or
+    scored). The training preflight (gapo.verl_plugin.preflight) checks every data_source of the data with it."""
+    try:
+        _entry_for(data_source)
+    except ValueError:
+        return False
+    return True
+
+
+def known_data_sources() -> tuple[list[str], list[str]]:
+    """The registered (exact names, keywords), for messages."""
+    return sorted(_EXACT), sorted(_KEYWORDS)
+
+
+__all__ += ["is_known_data_source", "known_data_sources"]
