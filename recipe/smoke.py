@@ -41,14 +41,21 @@ def prepare(out: Path) -> None:
     make_dataset(out / "data")
 
 
-def train(out: Path, run: str, total_steps: int, overrides: list[str]) -> Path:
-    """One training run; returns its metrics file. Raises SmokeCheckError with the log's tail on failure."""
+def run_command(out: Path, run: str, total_steps: int, overrides: list[str]) -> tuple[list[str], dict, Path, Path]:
+    """(command, environment, metrics file, log file) of one training run, as `train` starts it (with cwd ROOT).
+    Also used by tests that start the run themselves (tests/test_kill_resume.py kills it)."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     metrics_file, log_file = logs / f"{run}.jsonl", logs / f"{run}.log"
     env = {**os.environ, **CPU_ENV, "GAPO_SMOKE_DIR": str(out), "VERL_FILE_LOGGER_PATH": str(metrics_file)}
     cmd = [sys.executable, "-m", "recipe.main_gapo", "--config-name", "smoke_cpu",
            f"trainer.total_training_steps={total_steps}", *overrides]
+    return cmd, env, metrics_file, log_file
+
+
+def train(out: Path, run: str, total_steps: int, overrides: list[str]) -> Path:
+    """One training run; returns its metrics file. Raises SmokeCheckError with the log's tail on failure."""
+    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides)
     print(f"[smoke] {run}: {' '.join(cmd[1:])}\n[smoke] log: {log_file}", flush=True)
     start = time.time()
     with open(log_file, "w") as log:

@@ -21,6 +21,7 @@ as verl's sync trainer.
 from __future__ import annotations
 
 import logging
+
 import numpy as np
 import torch
 import transfer_queue as tq
@@ -33,6 +34,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from eval.passk import passk_metrics
 from gapo.groups import group_statistics, session_final_rows
 from gapo.threshold import adaptive_eps_high
+from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
 from gapo.verl_plugin.config import resolve_gapo_clips
 from gapo.verl_plugin.losses import (
     GAPO_LOSS_MODES,
@@ -47,11 +49,11 @@ from gapo.verl_plugin.validate import validate_gapo_config
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "gapo"
-VERL_SYNC_MODE = "sync"  # the mode verl's sync code paths test `self.trainer_mode` against
+VERL_SYNC_MODE = SYNC_MODE  # the mode verl's sync code paths test `self.trainer_mode` against
 
 
 @register_trainer(TRAINER_MODE)
-class GAPOTrainer(PPOTrainerSync):
+class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
     """verl's sync trainer with GAPO's group statistics and actor loss (see the module docstring)."""
 
     def __init__(self, config):
