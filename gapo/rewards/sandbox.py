@@ -12,6 +12,19 @@ interpreter's prefix when it lives elsewhere), the program read-only at ``/main.
 space, CPU, file size, open files, processes and core dumps, a non-root uid per concurrent slot
 (when the executor runs as root), a wall-clock limit per test and per problem, and an output cap.
 
+Limits per slot (rlimits are per process: a test that forks escapes them): each slot has its own cgroup
+with a memory limit, a CPU quota and a task limit (knobs ``slot_memory_mb``, ``slot_cpus``,
+``slot_pids``); cgroup v2 is tried first, then v1. Where neither can be written (not root, a read-only
+``/sys/fs/cgroup``, controllers missing), the sandbox falls back to rlimits only, with a tighter
+``RLIMIT_NPROC`` (``rlimits_nproc``). Which one is in use: :attr:`Sandbox.isolation` and
+:attr:`RunResult.isolation` (``cgroup_v2``, ``cgroup_v1`` or ``rlimits``; the reason for a fallback is in
+``Sandbox.probe["isolation_note"]``).
+
+Nothing outlives a result: the executor reports a test only once its slot is empty (cgroup: killed until
+no task is left; rlimits: uid cleaner, or the subreaper's orphans killed), and :meth:`Job.cancel` waits for
+the reports of the tests it stopped, so when a caller has every result of a job (or cancelled it), no
+process of that job is left.
+
 If bubblewrap is missing or cannot create namespaces, :meth:`Sandbox.start` raises
 :class:`SandboxUnavailable` unless unsandboxed execution was allowed explicitly
 (``allow_unsandboxed=True`` or ``GAPO_ALLOW_UNSANDBOXED=1``), in which case programs run with the
@@ -45,6 +58,8 @@ from pathlib import Path
 EXECUTOR_SCRIPT = Path(__file__).with_name("_sandbox_executor.py")
 FRAME = struct.Struct("<Q")  # same framing as the executor
 ALLOW_ENV = "GAPO_ALLOW_UNSANDBOXED"
+CGROUP_ENV = "GAPO_SANDBOX_CGROUP"
+ISOLATIONS = ("cgroup_v2", "cgroup_v1", "rlimits")
 BWRAP_ENV = "GAPO_BWRAP"
 INSTALL_HINT = (
     "Install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`) and allow unprivileged user "
@@ -104,6 +119,26 @@ class SandboxConfig:
             resolve; missing paths are skipped.
         allow_unsandboxed: run without isolation when bwrap cannot work (default: ``$GAPO_ALLOW_UNSANDBOXED``).
         startup_timeout_s: how long the executor may take to start and pass its probe.
+        cgroup: per-slot cgroups: ``auto`` (v2, else v1, else rlimits only), ``v2``, ``v1`` (that one, else
+            rlimits only) or ``off`` (default: ``$GAPO_SANDBOX_CGROUP``, else ``auto``). The executor's group
+            is ``gapo-sandbox-<pid>`` inside its own cgroup (v2: next to it, since a v2 group holding processes
+            cannot have limited children) in each hierarchy, one ``slot<N>`` below it per slot; it is removed
+            when the executor stops (and an empty one left by a killed executor, at the next start).
+        cgroup_root: where the cgroup hierarchies are mounted (v2: ``cgroup_root`` or ``cgroup_root/unified``;
+            v1: ``cgroup_root/<controller>``).
+        slot_memory_mb: memory of all the processes of one slot together (resident memory, its ``/tmp``
+            tmpfs, page cache, kernel memory; no swap). Default: the test's ``memory_mb`` + ``tmpfs_mb`` + 64,
+            so one test process can use its whole ``RLIMIT_AS``, but children cannot multiply it. Past it,
+            the kernel kills a process of the slot (the test fails).
+        slot_cpus: CPU quota of a slot, in CPUs (cgroup ``cpu.max`` / ``cfs_quota_us``; 0: no quota). The
+            slots also share CPU equally whatever their number of processes, and the executor's group weighs
+            as much as ``slots`` ordinary processes against the rest of the host.
+        slot_pids: most tasks (processes + threads) in a slot, bwrap's included (``pids.max``; default ``nproc``).
+        rlimits_nproc: ``RLIMIT_NPROC`` when no cgroup is usable (instead of ``nproc``). A slot's memory is then
+            bounded only by its process count times ``memory_mb``: about ``(rlimits_nproc - 2) * memory_mb``
+            (bwrap and the program take two), and a slot's CPU share is not protected at all.
+        cancel_wait_s: how long :meth:`Job.cancel` waits for the stopped tests to be reported (killed, and
+            their slot emptied).
     """
 
     bwrap: str = field(default_factory=_default_bwrap)
@@ -123,6 +158,13 @@ class SandboxConfig:
     extra_ro_binds: tuple[str, ...] = ("/etc/alternatives",)
     allow_unsandboxed: bool = field(default_factory=lambda: _env_flag(ALLOW_ENV))
     startup_timeout_s: float = 30.0
+    cgroup: str = field(default_factory=lambda: os.environ.get(CGROUP_ENV, "").strip().lower() or "auto")
+    cgroup_root: str = "/sys/fs/cgroup"
+    slot_memory_mb: int | None = None
+    slot_cpus: float = 1.0
+    slot_pids: int | None = None
+    rlimits_nproc: int = 8
+    cancel_wait_s: float = 10.0
 
     def __post_init__(self):
         if self.slots < 1:
@@ -130,14 +172,26 @@ class SandboxConfig:
         if not 0 < self.test_timeout_s <= self.problem_timeout_s:
             raise ValueError(f"need 0 < test_timeout_s <= problem_timeout_s, got {self.test_timeout_s}, "
                              f"{self.problem_timeout_s}")
-        if self.nproc < 4:
-            raise ValueError("nproc must be >= 4 (bwrap needs two processes besides the program)")
+        if self.nproc < 4 or self.rlimits_nproc < 4 or (self.slot_pids is not None and self.slot_pids < 4):
+            raise ValueError("nproc, rlimits_nproc and slot_pids must be >= 4 (bwrap needs two processes besides "
+                             "the program)")
+        if self.cgroup not in ("auto", "v2", "v1", "off"):
+            raise ValueError(f"cgroup must be auto, v2, v1 or off, got {self.cgroup!r}")
+        if self.slot_cpus != 0 and self.slot_cpus < 0.01:
+            raise ValueError(f"slot_cpus must be 0 (no quota) or >= 0.01, got {self.slot_cpus}")
+
+    def slot_memory_bytes(self, memory_mb=None) -> int:
+        """The memory limit of a slot running a test with ``memory_mb`` (see ``slot_memory_mb``)."""
+        if self.slot_memory_mb is not None:
+            return int(self.slot_memory_mb) << 20
+        return (int(memory_mb or self.memory_mb) + self.tmpfs_mb + 64) << 20
 
     def limits(self, test_timeout_s=None, problem_timeout_s=None, memory_mb=None) -> dict:
         return {
             "test_timeout_s": float(test_timeout_s or self.test_timeout_s),
             "problem_timeout_s": float(problem_timeout_s or self.problem_timeout_s),
             "memory_bytes": int(memory_mb or self.memory_mb) << 20,
+            "slot_memory_bytes": self.slot_memory_bytes(memory_mb),
             "fsize_bytes": self.fsize_mb << 20,
             "nofile": self.nofile,
         }
@@ -147,7 +201,8 @@ class SandboxConfig:
 class RunResult:
     """What one test run did. ``status``: ``ok`` (it exited by itself; see ``exit_code``), ``timeout``,
     ``output_limit``, ``skipped`` (not run or stopped: its problem failed, timed out or was cancelled)
-    or ``error`` (the executor failed)."""
+    or ``error`` (the executor failed). ``isolation``: the sandbox's per-slot isolation
+    (``cgroup_v2``, ``cgroup_v1`` or ``rlimits``, see :attr:`Sandbox.isolation`)."""
 
     status: str
     exit_code: int | None = None
@@ -155,6 +210,7 @@ class RunResult:
     stdout: bytes = b""
     stderr: bytes = b""
     wall_s: float = 0.0
+    isolation: str = ""
 
     @property
     def exited_ok(self) -> bool:
@@ -162,15 +218,24 @@ class RunResult:
 
 
 class Job:
-    """One submitted group of tests. Results arrive on ``sink`` as ``(tag, index, RunResult)``."""
+    """One submitted group of tests. Results arrive on ``sink`` as ``(tag, index, RunResult)``; ``done`` is
+    set once all ``n`` are there (each sent by the executor only when its slot was empty)."""
 
     def __init__(self, sandbox: Sandbox, gid: int, n: int, sink: queue.Queue, tag):
         self._sandbox, self.gid, self.n, self.sink, self.tag = sandbox, gid, n, sink, tag
         self.received = 0
+        self.done = threading.Event()
+        if n == 0:
+            self.done.set()
 
-    def cancel(self) -> None:
-        """Stop the tests not finished yet (they are reported as ``skipped``)."""
+    def cancel(self, wait: bool = True, timeout: float | None = None) -> bool:
+        """Stop the tests not finished yet (they are reported as ``skipped``) and, with ``wait``, wait until
+        every test of the job is reported (at most ``timeout``, default ``cancel_wait_s``): then no process
+        of the job is left. Returns whether all were reported."""
         self._sandbox._cancel(self)
+        if not wait:
+            return self.done.is_set()
+        return self.done.wait(self._sandbox.config.cancel_wait_s if timeout is None else timeout)
 
 
 class Sandbox:
@@ -179,7 +244,7 @@ class Sandbox:
     def __init__(self, config: SandboxConfig | None = None):
         self.config = config or SandboxConfig()
         self.mode: str | None = None  # "bwrap" or "unsandboxed" once started
-        self.probe: dict = {}
+        self.probe: dict = {}  # what the executor found at start (isolation, isolation_note, cgroup, uids...)
         # Two locks, never held by the reader thread together: ``_lock`` serialises start/stop and every
         # write to the executor; ``_jobs_lock`` guards the job table. The reader takes only the latter,
         # so a writer blocked on a full pipe can never stop the reader from draining the other one.
@@ -190,6 +255,12 @@ class Sandbox:
         self._gids = itertools.count(1)
         self._hello = threading.Event()
         self._pid = os.getpid()
+
+    @property
+    def isolation(self) -> str:
+        """Per-slot isolation of the started executor: ``cgroup_v2``, ``cgroup_v1`` or ``rlimits`` ("" before
+        :meth:`start`)."""
+        return self.probe.get("isolation", "") if self.probe.get("ok") else ""
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Sandbox:
@@ -225,6 +296,8 @@ class Sandbox:
             "python_args": list(cfg.python_args), "slots": cfg.slots, "uid_base": cfg.uid_base,
             "nproc": cfg.nproc, "tmpfs_bytes": cfg.tmpfs_mb << 20, "stderr_bytes": cfg.stderr_bytes,
             "extra_ro_binds": [p for p in cfg.extra_ro_binds if os.path.exists(p)] + self._interpreter_binds(),
+            "cgroup": cfg.cgroup, "cgroup_root": cfg.cgroup_root, "slot_memory_bytes": cfg.slot_memory_bytes(),
+            "slot_cpus": cfg.slot_cpus, "slot_pids": cfg.slot_pids or cfg.nproc, "rlimits_nproc": cfg.rlimits_nproc,
         }
         # A minimal environment: the executor needs none of the trainer's variables (tokens, keys).
         self._proc = subprocess.Popen(
@@ -262,9 +335,10 @@ class Sandbox:
             proc.wait()
 
     def close(self) -> None:
-        """Stop the executor (and every test still running)."""
+        """Stop the executor (and every test still running; their jobs get ``error`` results)."""
         with self._lock:
             self._stop_proc()
+        self._fail_all("the sandbox was closed")
 
     # ----- submit / results --------------------------------------------------------------------
     def submit(self, program: str | bytes, inputs: Sequence[str | bytes], *, output_caps: Sequence[int] | None = None,
@@ -352,7 +426,9 @@ class Sandbox:
                             if job.received >= job.n:
                                 del self._jobs[gid]
                     if job is not None:
-                        job.sink.put((job.tag, idx, RunResult(**res)))
+                        job.sink.put((job.tag, idx, RunResult(**res, isolation=self.isolation)))
+                        if job.received >= job.n:
+                            job.done.set()
         finally:
             self._hello.set()
             if self._proc is proc:
@@ -365,7 +441,8 @@ class Sandbox:
         for job in jobs.values():
             # Which indices are missing is unknown here: report enough errors to complete the job.
             for _ in range(job.n - job.received):
-                job.sink.put((job.tag, -1, RunResult("error", stderr=why.encode())))
+                job.sink.put((job.tag, -1, RunResult("error", stderr=why.encode(), isolation=self.isolation)))
+            job.done.set()
 
 
 _SHARED: dict[tuple, Sandbox] = {}
@@ -390,4 +467,4 @@ def _close_all() -> None:
             box.close()
 
 
-__all__ = ["ALLOW_ENV", "Job", "RunResult", "Sandbox", "SandboxConfig", "SandboxUnavailable", "get_sandbox"]
+__all__ = ["ALLOW_ENV", "CGROUP_ENV", "ISOLATIONS", "Job", "RunResult", "Sandbox", "SandboxConfig", "SandboxUnavailable", "get_sandbox"]
