@@ -32,7 +32,8 @@ RUNS ?=
 PLOT ?= runs/eval/compare.png
 
 # Debian packages: bubblewrap (the code reward's sandbox), python3-numpy (imported by HumanEval+'s tests
-# inside the sandbox, which runs the system python3), shellcheck (tests of launch/ scripts)
+# inside the sandbox, which runs the system python3), shellcheck (tests of launch/ scripts). Missing ones that cannot
+# be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install install-gpu system-deps test test-fast smoke bench table eval eval-compare clean
@@ -44,7 +45,13 @@ system-deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  ($(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) \
-	  || echo "WARNING: could not install$$missing: the code reward refuses to run untrusted code without bwrap"; \
+	  || if [ "$$GAPO_ALLOW_MISSING_TOOLS" = 1 ]; then \
+	       echo "WARNING: could not install$$missing (GAPO_ALLOW_MISSING_TOOLS=1: the tests that need them skip)"; \
+	     else \
+	       echo "ERROR: could not install$$missing: the code reward refuses to run untrusted code without bwrap, and"; \
+	       echo "       the tests that need them fail. Install them, or set GAPO_ALLOW_MISSING_TOOLS=1 to skip those tests."; \
+	       exit 1; \
+	     fi; \
 	fi
 
 $(VENV)/.installed: pyproject.toml | system-deps

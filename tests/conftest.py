@@ -10,17 +10,32 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def started_sandbox(config):
-    """A started code sandbox for a module-scoped fixture (yield it, then close it); skips where none works."""
+# A missing tool that a test needs (bubblewrap, the sandbox's numpy, shellcheck) fails the test: `make test` must not
+# pass by skipping. A developer without them can opt out by hand: GAPO_ALLOW_MISSING_TOOLS=1 turns those failures
+# into skips (never set in CI).
+ALLOW_MISSING_ENV = "GAPO_ALLOW_MISSING_TOOLS"
+
+
+def missing_tool(reason: str):
+    """Fail the test for a missing tool (how to install it is in `reason`), or skip under the explicit opt-out."""
     import pytest
 
+    if os.environ.get(ALLOW_MISSING_ENV) == "1":
+        pytest.skip(f"{reason} ({ALLOW_MISSING_ENV}=1)")
+    pytest.fail(f"{reason}. `make system-deps` installs it; to skip such tests on purpose set {ALLOW_MISSING_ENV}=1",
+                pytrace=False)
+
+
+def started_sandbox(config):
+    """A started code sandbox for a module-scoped fixture (yield it, then close it); a missing one fails (see
+    `missing_tool`)."""
     from gapo.rewards.sandbox import Sandbox, SandboxUnavailable
 
     sandbox = Sandbox(config)
     try:
         sandbox.start()
     except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+        missing_tool(f"no code sandbox here: {exc}")
     return sandbox
 
 

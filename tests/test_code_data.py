@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import missing_tool
+
 from gapo.data.code_datasets import (
     DATASETS,
     DEFAULT_MAX_GT_BYTES,
@@ -338,7 +340,8 @@ def _sandbox_has_numpy(box) -> bool:
 @pytest.mark.parametrize("name", NAMES)
 def test_scorer_round_trip_on_converted_rows(box, name, tmp_path):
     if name == "humanevalplus" and not _sandbox_has_numpy(box):
-        pytest.skip("the sandbox's interpreter has no numpy, which every HumanEval+ test program imports")
+        missing_tool("the sandbox's interpreter has no numpy, which every HumanEval+ test program imports "
+                     "(Debian: apt-get install python3-numpy)")
     path = prepare(get_spec(name), source=fixture(name), out_dir=tmp_path).path
     rows = pq.read_table(path).to_pylist()  # as verl reads them back
     answers = SOLUTIONS[name]

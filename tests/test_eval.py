@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing_tool
+
 from eval.passk import default_ks, group_counts, mean_pass_at_k, pass_at_k, passk_metrics, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,8 +251,9 @@ class ScriptedBackend:
         pass
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the code reward needs bubblewrap")
 def test_scripted_answers_are_scored_by_the_training_reward_into_exact_passk(tmp_path, tiny_model):
+    if shutil.which("bwrap") is None:
+        missing_tool("the code reward needs bubblewrap (Debian: apt-get install bubblewrap)")
     from eval.data import load_benchmarks
     from eval.passk import pass_at_k as pk
     from eval.runner import EvalConfig, evaluate

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.conftest import missing_tool
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +52,7 @@ def _run(cmd, env, timeout=60, **kw) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("script", [SUBMIT, SBATCH], ids=lambda p: p.name)
 def test_shellcheck(script):
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed (Debian/Ubuntu: apt-get install shellcheck)")
+        missing_tool("shellcheck not installed (Debian/Ubuntu: apt-get install shellcheck)")
     proc = subprocess.run(["shellcheck", "--shell=bash", str(script)], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 

@@ -16,7 +16,7 @@ import pytest
 
 from gapo.rewards.code import score_code_batch
 from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
-from tests.conftest import started_sandbox
+from tests.conftest import missing_tool, started_sandbox
 
 REPEAT = 20
 SUM_TESTS = json.dumps({"inputs": ["3\n1 2 3\n"], "outputs": ["6\n"]})  # TACO stdin/stdout shape
@@ -42,7 +42,7 @@ def test_concurrent_executors_claim_distinct_uids():
         first.start()
         second.start()
     except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+        missing_tool(f"no code sandbox here: {exc}")
     try:
         a, b = set(first.probe["uids"]), set(second.probe["uids"])
         assert len(a) == CONFIG.slots and len(b) == CONFIG.slots and not a & b
@@ -149,7 +149,7 @@ def test_environment_and_proc_do_not_leak_secrets(monkeypatch):
     try:
         sandbox.start()
     except SandboxUnavailable as exc:
-        pytest.skip(str(exc))
+        missing_tool(f"no code sandbox here: {exc}")
     code = ("import os, glob\nprint(dict(os.environ))\n"
             "for path in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline') + ['/proc/1/environ']:\n"
             "    try:\n        print(path, open(path, 'rb').read())\n    except OSError as e:\n        print(path, e)\n")
