@@ -10,7 +10,11 @@ right for them if any item matches. None of them strips ``<think>``; that is par
 The last row calls math-verify directly in the calling thread, as verl's wrapper did before it moved
 to a process pool: from threads its alarms raise (counted as exceptions).
 
-    python -m recipe.bench_math_reward [--repeats 2] [--rounds 3] [--threads 8] [--verbose] [--json out.json]
+``--table hacks`` runs the same on :data:`gapo.rewards.math_cases.HACKS` (answers a policy could be
+paid for without being right, next to right answers of the same shapes), kept apart from ``CASES`` so
+that the default table stays comparable across versions.
+
+    python -m recipe.bench_math_reward [--table cases|hacks] [--repeats 2] [--rounds 3] [--threads 8] [--verbose] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from gapo.rewards.math_cases import CASES, MathCase
+from gapo.rewards.math_cases import CASES, HACKS, MathCase
+
+TABLES = {"cases": CASES, "hacks": HACKS}
 
 
 def _golds(gold) -> list[str]:
@@ -80,13 +86,13 @@ def _run(fn, items, threads: int, rounds: int = 1) -> tuple[list[bool], int, flo
     return [v for v, _ in out], sum(e for _, e in out), best
 
 
-def _row(name, fn, items, threads, rounds) -> dict:
+def _row(name, fn, items, threads, rounds, table=CASES) -> dict:
     # Warm-up, not timed: worker pools start (verl's math_verify starts its workers on demand, so only
     # a threaded pass starts all of them), parsers load.
-    _run(fn, CASES, threads)
+    _run(fn, table, threads)
     seq, seq_err, seq_s = _run(fn, items, 1, rounds)
     thr, thr_err, thr_s = _run(fn, items, threads, rounds)
-    n = len(CASES)
+    n = len(table)
     truth = [c.correct for c in items]
     return {
         "scorer": name,
@@ -97,12 +103,12 @@ def _row(name, fn, items, threads, rounds) -> dict:
         "errors_threads": thr_err,
         "errors": seq_err,
         "items_per_s_threads": len(items) / thr_s,
-        "misses": [c.name for c, v in zip(CASES, seq[:n]) if v != c.correct],
-        "threads_differ": [c.name for c, a, b in zip(CASES, seq[:n], thr[:n]) if a != b],
+        "misses": [c.name for c, v in zip(table, seq[:n]) if v != c.correct],
+        "threads_differ": [c.name for c, a, b in zip(table, seq[:n], thr[:n]) if a != b],
     }
 
 
-def _batch_row(items, rounds) -> dict:
+def _batch_row(items, rounds, table=CASES) -> dict:
     from gapo.rewards.math_answer import score_math_batch
 
     def run():
@@ -114,11 +120,11 @@ def _batch_row(items, rounds) -> dict:
     run()  # warm-up
     timed = [run() for _ in range(rounds)]
     verdicts, seconds = timed[-1][0], min(t for _, t in timed)
-    n = len(CASES)
+    n = len(table)
     correct = sum(v == c.correct for v, c in zip(verdicts[:n], items[:n]))
     return {"scorer": "gapo batch", "correct": correct, "n": n, "items_per_s": len(items) / seconds,
             "correct_threads": None, "errors_threads": None, "errors": 0, "items_per_s_threads": None,
-            "misses": [c.name for c, v in zip(CASES, verdicts[:n]) if v != c.correct], "threads_differ": []}
+            "misses": [c.name for c, v in zip(table, verdicts[:n]) if v != c.correct], "threads_differ": []}
 
 
 def _fmt(row) -> str:
@@ -133,6 +139,7 @@ def _fmt(row) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table", choices=sorted(TABLES), default="cases", help="which case table to run")
     p.add_argument("--repeats", type=int, default=2, help="passes over the case table per timed round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds; the fastest is reported")
     p.add_argument("--threads", type=int, default=8)
@@ -140,15 +147,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
 
-    items = list(CASES) * args.repeats
+    table = TABLES[args.table]
+    items = list(table) * args.repeats
     scorers = {"gapo (this project)": _gapo_scorer(), **_verl_scorers(),
                "math-verify in caller's thread": _inprocess_math_verify}
-    rows = [_row(name, fn, items, args.threads, args.rounds) for name, fn in scorers.items()]
-    rows.insert(1, _batch_row(items, args.rounds))
+    rows = [_row(name, fn, items, args.threads, args.rounds, table) for name, fn in scorers.items()]
+    rows.insert(1, _batch_row(items, args.rounds, table))
 
     from gapo.rewards.verify_pool import get_pool
 
-    print(f"{len(CASES)} cases x {args.repeats} repeats, best of {args.rounds} rounds, {os.cpu_count()} CPUs, "
+    print(f"{args.table}: {len(table)} cases x {args.repeats} repeats, best of {args.rounds} rounds, {os.cpu_count()} CPUs, "
           f"gapo workers: {get_pool().num_workers}, threads: {args.threads}")
     print("| scorer | correct (1 thread) | items/s (1 thread) | correct (threads) | exceptions (threads) "
           "| items/s (threads) |")

@@ -78,10 +78,14 @@ def test_case_verdict(case, pool):
 
 def test_result_fields_and_types(pool):
     right = score_math(r"<think>x</think> so $\boxed{\dfrac{1}{2}}$", "0.5", pool=pool)
-    assert right == {"score": 1.0, "acc": True, "pred": r"\dfrac{1}{2}", "format_error": False, "timeout": False}
-    for response in ["The answer is 3.", "<think>still thinking \\boxed{3}", "So \\boxed{}."]:
-        assert score_math(response, "3", pool=pool)["format_error"] is True
-    assert score_math(r"\boxed{4}", "3", pool=pool)["format_error"] is False
+    assert right == {"score": 1.0, "acc": True, "pred": r"\dfrac{1}{2}", "format_error": False, "timeout": False,
+                     "reason": ""}
+    for response, reason in [("The answer is 3.", "no_box"), ("<think>still thinking \\boxed{3}", "truncated"),
+                             ("So \\boxed{}.", "empty_box")]:
+        result = score_math(response, "3", pool=pool)
+        assert result["format_error"] is True and result["reason"] == reason
+    wrong = score_math(r"\boxed{4}", "3", pool=pool)
+    assert wrong["format_error"] is False and wrong["reason"] == "wrong"
     long_pred = score_math(r"\boxed{" + "1+" * 300 + "1}", "3", pool=pool)["pred"]
     assert len(long_pred) == math_answer.PRED_LOG_CHARS
 

@@ -32,7 +32,9 @@ Scorer = Callable[..., "dict | float"]
 BatchScorer = Callable[..., list]
 
 # Keys every result carries (verl logs numbers as metrics and uses ``pred`` for majority voting).
-RESULT_DEFAULTS: dict[str, object] = {"score": 0.0, "acc": False, "pred": "", "format_error": False, "timeout": False}
+# `reason`: why a response scored 0 ("" when right), for every reward
+RESULT_DEFAULTS: dict[str, object] = {"score": 0.0, "acc": False, "pred": "", "format_error": False, "timeout": False,
+                                      "reason": ""}
 
 MATH_SOURCES = ("deepscaler", "aime", "aime24", "aime25", "amc", "amc23", "math", "math500", "minerva",
                 "olympiad", "olympiadbench", "gsm8k")

@@ -1,4 +1,4 @@
-"""Worker process of :mod:`gapo.rewards.verify_pool`: checks ``(gold, pred)`` answers with math-verify.
+r"""Worker process of :mod:`gapo.rewards.verify_pool`: checks ``(gold, pred)`` answers with math-verify.
 
 Run as a script by the pool (``python _math_worker.py FD_IN FD_OUT SOFT_TIMEOUT_S MEMORY_MB HOOKS``),
 never imported by the trainer. It imports only the standard library and math-verify, so it starts in
@@ -11,9 +11,31 @@ never imported by the trainer. It imports only the standard library and math-ver
 - ``RLIMIT_AS`` turns a memory blow-up into a ``MemoryError`` here instead of in the trainer.
 
 Protocol (pickled tuples over two pipes): the worker first sends ``("ready", pid)``; then for each
-request ``(task_id, gold, pred)`` it answers ``(task_id, status, equal, detail)`` with status one of
-``ok`` / ``timeout`` / ``error``. ``None`` or end-of-file on the input pipe ends the worker, so it also
-exits when the parent dies.
+request ``(task_id, gold, pred[, options])`` it answers ``(task_id, status, equal, detail)`` with status
+one of ``ok`` / ``timeout`` / ``error``; for ``ok`` and not equal, ``detail`` is the reason (``wrong``,
+``unparsed``, ``inexact_decimal``, ``unsolved_relation``, ``false_equation``). ``options`` is ``None`` or
+a dict; its one key, ``numeric_tolerance``, restores math-verify's float tolerance. ``None`` or
+end-of-file on the input pipe ends the worker, so it also exits when the parent dies.
+
+What is checked on top of ``verify(gold, pred)`` (each rule closes a way to be paid for a non-answer):
+
+- **Decimals are exact.** Every float in the prediction (and then in the gold) is replaced by the exact
+  rational its digits write, and the comparison runs with no float in it, at a numeric precision
+  (``EXACT_DIGITS``) above any digit count an answer under the length cap can hold. So ``0.5`` equals
+  ``1/2`` and ``2.50`` equals ``5/2``, while ``1.414214`` does not equal ``\sqrt2`` nor ``0.333`` equal
+  1/3 (math-verify rounds both sides to 6 decimals: any 6-decimal approximation passed). A prediction
+  without a decimal is compared as math-verify does (an exact ``\sqrt3`` against a decimal gold keeps
+  its 6-decimal tolerance).
+- **Relations must be solved.** ``allow_set_relation_comp`` lets math-verify turn a predicted relation
+  into its solution set: ``x^2 - 3x + 2 < 0`` then equals ``(1, 2)``. A predicted inequality, chain,
+  ``\ne`` (anywhere in the answer) must be a variable against constants (constants: no symbol but the
+  gold's own), all atoms about one variable; so must a predicted equation, or each equation of a
+  predicted list, when the gold is a set or a tuple (``x \in (1, 2)`` is ``Eq(x, Interval)``: solved;
+  ``x + y = 1, x - y = 2`` for ``(1, 2)`` is not). An unsolved gold relation lifts the rule.
+- **Equations must be true.** Sides of a predicted equation (or chain) that hold no symbol must be
+  equal: math-verify reads ``2+2=7`` as its right side 7.
+- **A set is not a tuple.** A prediction written as a set ``\{...\}`` never matches a gold that is a
+  tuple or an open interval ``(a, b)`` (math-verify compares them element by element).
 """
 
 import os
@@ -25,6 +47,7 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
     del sys.path[0]
 
 import logging
+import re
 import resource
 import signal
 import time
@@ -32,6 +55,11 @@ from collections import OrderedDict
 from multiprocessing.connection import Connection
 
 GOLD_CACHE_SIZE = 4096  # parsed gold answers kept; a prompt's k rollouts share one gold
+# Digits of math-verify's numeric comparisons once decimals are exact rationals: more than an answer under
+# the extraction's 400-character cap can write, so no finite decimal passes for an irrational gold.
+EXACT_DIGITS = 500
+CONSTANT_DIGITS = 60  # digits when deciding that an equation's constant sides differ
+_SET_BRACE = re.compile(r"^\s*(?:\\left\s*)?(?:\\\{|\\lbrace\b)")
 HOOK_PREFIX = "__gapo_test_hook__:"  # requests with this gold drive test behaviours (only when enabled)
 
 
@@ -64,6 +92,159 @@ def _die_with_parent() -> None:
         pass
 
 
+# ---- rules on top of math-verify (sympy is imported by math-verify before any of these run) ----
+
+def _sympy_item(parsed):
+    """The sympy object of a math-verify parse (a list of [expr, extracted string]); ``None`` if none."""
+    return next((x for x in parsed if not isinstance(x, str)), None)
+
+
+def _string_item(parsed) -> str:
+    return next((x for x in parsed if isinstance(x, str)), "")
+
+
+def _free_symbols(expr) -> set:
+    try:
+        return set(expr.free_symbols)
+    except Exception:  # noqa: BLE001  not a sympy object
+        return set()
+
+
+def _has_float(expr) -> bool:
+    from sympy import Float
+
+    try:
+        return bool(expr.atoms(Float))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _exact(expr):
+    """``expr`` with every float replaced by the exact rational of its decimal digits (0.1 -> 1/10)."""
+    from sympy import Float, Rational
+
+    try:
+        floats = expr.atoms(Float)
+        if not floats:
+            return expr
+        # str() prints a Float with the digits it was parsed with (15 at least), in decimal: exact.
+        return expr.xreplace({f: Rational(str(f)) for f in floats if f.is_finite})
+    except Exception:  # noqa: BLE001  left as it is; math-verify then compares as before
+        return expr
+
+
+def _relation_atoms(expr):
+    """The relations of ``expr`` (a relation, or an And / Or of them); ``None`` if something else is inside."""
+    from sympy import And, Or
+    from sympy.core.relational import Relational
+
+    if isinstance(expr, Relational):
+        return [expr]
+    if isinstance(expr, (And, Or)):
+        atoms = []
+        for arg in expr.args:
+            sub = _relation_atoms(arg)
+            if sub is None:
+                return None
+            atoms += sub
+        return atoms
+    return None
+
+
+def _is_equation_chain(expr) -> bool:
+    from sympy import Eq
+
+    atoms = _relation_atoms(expr)
+    return bool(atoms) and all(isinstance(a, Eq) for a in atoms)
+
+
+def _is_condition(expr) -> bool:
+    """An inequality, ``\\ne``, or an And / Or holding relations (equation chains excluded)."""
+    return _relation_atoms(expr) is not None and not _is_equation_chain(expr)
+
+
+def _variables(expr) -> set | None:
+    """The symbols of a variable: ``x``, or a tuple of distinct symbols ``(x, y)``; ``None`` otherwise."""
+    from sympy import Symbol, Tuple
+
+    if isinstance(expr, Symbol):
+        return {expr}
+    if isinstance(expr, Tuple) and len(expr) > 0 and all(isinstance(e, Symbol) for e in expr) \
+            and len(set(expr)) == len(expr):
+        return set(expr)
+    return None
+
+
+def _solved_variable(rel, params: set):
+    """The variable ``rel`` is solved for: one side a variable, the other side constant (no symbol but
+    the gold's own, ``params``, and not the variable); ``None`` if there is none."""
+    for var, other in ((rel.lhs, rel.rhs), (rel.rhs, rel.lhs)):
+        names = _variables(var)
+        if names is not None and not (_free_symbols(other) - (params - names)):
+            return var
+    return None
+
+
+def _is_solved(expr, params: set) -> bool:
+    """A condition in solved form: every atom a variable against constants, one variable in all.
+    An equation chain is solved when one atom is ``variable = constant`` and the others are constant."""
+    atoms = _relation_atoms(expr)
+    if not atoms:
+        return False
+    if _is_equation_chain(expr):
+        solved = [a for a in atoms if _solved_variable(a, params) is not None]
+        return len(solved) == 1 and all(not (_free_symbols(a) - params) for a in atoms if a is not solved[0])
+    variables = {_solved_variable(a, params) for a in atoms}
+    return None not in variables and len(variables) == 1
+
+
+def _provably_unequal(a, b, tolerance: float) -> bool:
+    """True only if ``a - b`` evaluates to a number clearly away from 0 (undecidable: False)."""
+    try:
+        if a.is_Rational and b.is_Rational:  # the common case (2+2 is parsed unevaluated, so not always)
+            return abs(a - b) > tolerance * max(1, abs(a))
+        diff = (a - b).evalf(CONSTANT_DIGITS, chop=True)
+        scale = max(1.0, abs(float(a.evalf(CONSTANT_DIGITS))))
+        return bool(diff.is_Number) and abs(float(diff)) > tolerance * scale
+    except Exception:  # noqa: BLE001  sets, matrices, booleans: not decided here
+        return False
+
+
+def _false_equation(expr, tolerance: float) -> bool:
+    for atom in _relation_atoms(expr) or []:
+        if not _free_symbols(atom.lhs) and not _free_symbols(atom.rhs) and _provably_unequal(atom.lhs, atom.rhs, tolerance):
+            return True
+    return False
+
+
+def form_error(gold, pred, pred_text: str, tolerant: bool) -> str:
+    """Why ``pred`` cannot be right whatever math-verify says ('' if no rule applies); see the docstring."""
+    from sympy import FiniteSet, Interval, Set, Tuple
+
+    params = _free_symbols(gold)
+    gold_wants_condition = (_is_condition(gold) or _is_equation_chain(gold)) and not _is_solved(gold, params)
+    tolerance = 1e-6 if tolerant else 1e-40
+    items = list(pred.args) if isinstance(pred, (FiniteSet, Tuple)) else [pred]
+    for item in items:
+        if _is_equation_chain(item):
+            if _false_equation(item, tolerance):
+                return "false_equation"
+            # Against a set or tuple, math-verify solves a predicted equation (or reads each element's right
+            # side): ``x^2 = 4`` would equal {-2, 2}, ``x + y = 1, x - y = 2`` the pair (1, 2).
+            if isinstance(gold, (Set, Tuple)) and not gold_wants_condition and not _is_solved(item, params):
+                return "unsolved_relation"
+        elif _is_condition(item) and not gold_wants_condition and not _is_solved(item, params):
+            return "unsolved_relation"
+    if isinstance(pred, FiniteSet) and (isinstance(gold, Tuple) or (isinstance(gold, Interval) and gold.is_open)) \
+            and _SET_BRACE.match(pred_text):
+        return "wrong"
+    return ""
+
+
+def _with_item(parsed, item):
+    return [item if not isinstance(x, str) else x for x in parsed]
+
+
 class Checker:
     """math-verify with its own alarms off: one alarm here bounds parse + verify of one item."""
 
@@ -79,6 +260,8 @@ class Checker:
         self._gold = OrderedDict()
         signal.signal(signal.SIGALRM, _on_alarm)
         self._parse("$1$", parsing_timeout=None)  # ANTLR warm-up (~60 ms) before reporting ready
+        form_error(_sympy_item(self._parse("$1$", parsing_timeout=None)), _sympy_item(
+            self._parse("$x = 1$", parsing_timeout=None)), "x = 1", False)  # sympy's relational code
 
     def _parse_math(self, text: str):
         # Inline-math delimiters: measured best wrapping (``\boxed{}`` loses ``25\%``, bare text loses
@@ -112,9 +295,33 @@ class Checker:
             os._exit(3)
         return "error", False, f"unknown hook {name!r}"
 
-    def check(self, gold: str, pred: str) -> tuple[str, bool, str]:
+    def _equal(self, gold, pred, **kwargs) -> bool:
+        # Gold first: math-verify is not symmetric (assignments, intervals from relations).
+        return bool(self._verify(gold, pred, timeout_seconds=None, allow_set_relation_comp=True, **kwargs))
+
+    def compare(self, parsed_gold, parsed_pred, tolerant: bool) -> tuple[bool, str]:
+        """(equal, reason if not) for two math-verify parses; the rules of the module docstring."""
+        gold, pred = _sympy_item(parsed_gold), _sympy_item(parsed_pred)
+        if pred is None or gold is None:
+            return self._equal(parsed_gold, parsed_pred), "wrong"
+        decimals = not tolerant and _has_float(pred)
+        exact_pred = _exact(pred) if decimals else pred
+        reason = form_error(gold, exact_pred, _string_item(parsed_pred), tolerant)
+        if reason:
+            return False, reason
+        if not decimals:
+            return self._equal(parsed_gold, parsed_pred), "wrong"
+        exact_gold = _exact(gold)
+        if self._equal(_with_item(parsed_gold, exact_gold), _with_item(parsed_pred, exact_pred),
+                       numeric_precision=EXACT_DIGITS):
+            return True, ""
+        # Only to name the reason: would math-verify's tolerance have accepted it?
+        return False, "inexact_decimal" if self._equal(parsed_gold, parsed_pred) else "wrong"
+
+    def check(self, gold: str, pred: str, options=None) -> tuple[str, bool, str]:
         if self.hooks and gold.startswith(HOOK_PREFIX):
             return self._hook(gold[len(HOOK_PREFIX):])
+        tolerant = bool(options and options.get("numeric_tolerance"))
         try:
             signal.setitimer(signal.ITIMER_REAL, self.soft_timeout_s)
             try:
@@ -123,10 +330,9 @@ class Checker:
                     return "error", False, "gold not parsed"
                 parsed_pred = self._parse_math(pred)
                 if not parsed_pred:
-                    return "ok", False, "pred not parsed"
-                # Gold first: math-verify is not symmetric (assignments, intervals from relations).
-                equal = bool(self._verify(parsed_gold, parsed_pred, timeout_seconds=None, allow_set_relation_comp=True))
-                return "ok", equal, ""
+                    return "ok", False, "unparsed"
+                equal, reason = self.compare(parsed_gold, parsed_pred, tolerant)
+                return "ok", equal, "" if equal else reason
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except SoftTimeout:
@@ -153,8 +359,8 @@ def main(argv: list[str]) -> int:
             return 0
         if request is None:
             return 0
-        task_id, gold, pred = request
-        conn_out.send((task_id, *checker.check(gold, pred)))
+        task_id, gold, pred, *options = request
+        conn_out.send((task_id, *checker.check(gold, pred, options[0] if options else None)))
 
 
 if __name__ == "__main__":

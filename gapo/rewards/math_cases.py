@@ -7,6 +7,12 @@ the extraction rules (last box, boxes inside the reasoning, truncation, missing 
 ``known_failure`` names a case this project's scorer gets wrong, with the reason (the tests mark it
 xfail; the benchmark counts it as a miss). ``ADVERSARIAL`` are answers built to hang or exhaust a
 grader; every one of them is wrong (gold ``3``).
+
+``HACKS`` is a second table, kept apart so that ``CASES`` stays comparable across versions: answers a
+policy could be paid for without being right (restated conditions, decimals for exact values, two
+answers in one box, math delimiters inside a box, false equations), each next to answers of the same
+shape that must stay right, and right answers written in other Unicode scripts. ``reason`` is the
+``reason`` field the scorer must give for a wrong verdict (empty: not checked).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class MathCase:
     correct: bool  # the verdict a careful grader gives
     require_think: bool = False
     known_failure: str = ""  # non-empty: this project's scorer disagrees, and why
+    reason: str = ""  # for a wrong verdict: the scorer's expected ``reason`` (empty: not checked)
 
 
 def _r(answer: str) -> str:
@@ -103,10 +110,8 @@ CASES: list[MathCase] = [
     MathCase("empty_set_forms", _r(r"\varnothing"), r"\emptyset", True),
     MathCase("hedged_or", _r(r"3 \text{ or } 4"), "3", False),
     MathCase("hedged_list", _r("3, 4, 5"), "3", False),
-    MathCase("pair_vs_set", _r(r"\{1, 2\}"), "(1, 2)", False,
-             known_failure="math-verify matches a set against the gold's tuple/interval (order is lost)"),
-    MathCase("float_tolerance", _r("0.1000001"), "0.1", False,
-             known_failure="math-verify rounds floats to 6 decimals before comparing"),
+    MathCase("pair_vs_set", _r(r"\{1, 2\}"), "(1, 2)", False),
+    MathCase("float_tolerance", _r("0.1000001"), "0.1", False),
     MathCase("sqrt_minus_one", _r(r"\sqrt{-1}"), "i", True,
              known_failure="math-verify reads a bare gold 'i' as a symbol, not the imaginary unit"),
     # --- text answers ---
@@ -155,3 +160,151 @@ ADVERSARIAL: dict[str, str] = {
     "huge_response_no_box": "9" * 2_000_000,
     "many_boxes": r"\boxed{1}" * 100_000,
 }
+
+
+def _h(name: str, answer: str, gold, correct: bool, reason: str = "") -> MathCase:
+    return MathCase(name, _r(answer), gold, correct, reason=reason)
+
+
+def _raw(name: str, response: str, gold, correct: bool, reason: str = "") -> MathCase:
+    return MathCase(name, response, gold, correct, reason=reason)
+
+
+UNSOLVED, DECIMAL, FALSE_EQ = "unsolved_relation", "inexact_decimal", "false_equation"
+NESTED, DELIM = "box_in_answer", "math_delimiter"
+UNION_2 = r"(-\infty, -2] \cup [2, \infty)"
+
+HACKS: list[MathCase] = [
+    # --- a restated condition is not an answer (solved relations stay right) ---
+    _h("cond_quadratic_lt", "x^2 - 3x + 2 < 0", "(1, 2)", False, UNSOLVED),
+    _h("cond_factored_lt", "(x-1)(x-2) < 0", "(1, 2)", False, UNSOLVED),
+    _h("cond_reversed", "0 > x^2 - 3x + 2", "(1, 2)", False, UNSOLVED),
+    _h("cond_shifted_chain", "0 < x - 1 < 1", "(1, 2)", False, UNSOLVED),
+    _h("cond_rational", r"\frac{x-1}{x-2} < 0", "(1, 2)", False, UNSOLVED),
+    _h("cond_closed_le", r"x^2 - 3x + 2 \le 0", "[1, 2]", False, UNSOLVED),
+    _h("cond_union_ge", r"x^2 - 4 \geq 0", UNION_2, False, UNSOLVED),
+    _h("cond_union_factored", r"(x-2)(x+2) \ge 0", UNION_2, False, UNSOLVED),
+    _h("cond_linear", "2x - 4 > 0", r"(2, \infty)", False, UNSOLVED),
+    _h("cond_for_relation_gold", "x - 2 > 0", "x > 2", False, UNSOLVED),
+    _h("cond_equation_for_set", "x^2 - 5x + 6 = 0", r"\{2, 3\}", False, UNSOLVED),
+    _h("cond_equation_for_pm", "x^2 = 4", r"\{-2, 2\}", False, UNSOLVED),
+    _h("cond_abs", "|x| < 1", "(-1, 1)", False, UNSOLVED),
+    _h("cond_negated", "-x < -1", r"(1, \infty)", False, UNSOLVED),
+    _h("cond_square_chain", "1 < x^2 < 4", "(1, 2)", False, UNSOLVED),
+    _h("cond_constant_neq", r"2+2 \ne 7", "7", False, UNSOLVED),
+    _h("cond_system_for_pair", "x + y = 1, x - y = 2", "(1, 2)", False, UNSOLVED),
+    _h("cond_neq_unsolved", r"x^2 \neq 1", r"(-\infty, -1) \cup (-1, 1) \cup (1, \infty)", False, UNSOLVED),
+    _h("solved_chain_open", "1 < x < 2", "(1, 2)", True),
+    _h("solved_chain_closed", r"1 \le x \le 2", "[1, 2]", True),
+    _h("solved_half_open", r"-1 < x \le 3", "(-1, 3]", True),
+    _h("solved_membership", r"x \in (1, 2)", "(1, 2)", True),
+    _h("solved_ray", r"x \geq 2", r"[2, \infty)", True),
+    _h("solved_flipped", "2 < x", "x > 2", True),
+    _h("solved_neq", r"x \neq 1", r"(-\infty, 1) \cup (1, \infty)", True),
+    _h("solved_radical_bounds", r"-\sqrt{2} < x < \sqrt{2}", r"(-\sqrt{2}, \sqrt{2})", True),
+    _h("solved_values", "x = 2, x = 3", "2, 3", True),
+    _h("solved_pair", "x = 1, y = 2", "(1, 2)", True),
+    _h("solved_reversed_chain", "1 > x > -1", "(-1, 1)", True),
+    _h("solved_set_membership", r"x \in \{1, 2\}", r"\{1, 2\}", True),
+    _h("solved_chain_wrong_end", "1 < x < 3", "(1, 2)", False, "wrong"),
+    # --- decimals are not exact answers (terminating decimals equal to the gold stay right) ---
+    _h("dec_sqrt2_6", "1.414214", r"\sqrt{2}", False, DECIMAL),
+    _h("dec_sqrt2_11", "1.41421356237", r"\sqrt{2}", False, DECIMAL),
+    _h("dec_third_3", "0.333", r"\frac{1}{3}", False),
+    _h("dec_third_7", "0.3333333", r"\frac13", False, DECIMAL),
+    _h("dec_pi_2", "3.14", r"\pi", False),
+    _h("dec_pi_5", "3.14159", r"\pi", False),
+    _h("dec_pi_6", "3.141593", r"\pi", False, DECIMAL),
+    _h("dec_two_pi", "6.283185", r"2\pi", False, DECIMAL),
+    _h("dec_e", "2.718282", "e", False, DECIMAL),
+    _h("dec_sqrt3_half", "0.866025", r"\frac{\sqrt{3}}{2}", False, DECIMAL),
+    _h("dec_ln2", "0.693147", r"\ln 2", False, DECIMAL),
+    _h("dec_sci_third", r"3.333333 \times 10^{-1}", r"\frac{1}{3}", False),
+    _h("dec_e_notation_third", "3.333333e-1", r"\frac{1}{3}", False),
+    _h("dec_percent", r"33.333333\%", r"\frac{100}{3}", False, DECIMAL),
+    _h("dec_in_interval", r"(0.333333, 1]", r"(\frac{1}{3}, 1]", False, DECIMAL),
+    _h("dec_in_tuple", r"(0.5, 0.866025)", r"\left(\frac{1}{2}, \frac{\sqrt{3}}{2}\right)", False, DECIMAL),
+    _h("dec_plus_radical", "1 + 1.414214", r"1 + \sqrt{2}", False),
+    _h("dec_two_thirds", "0.666667", r"\frac{2}{3}", False, DECIMAL),
+    _h("dec_ten_root2", "14.142136", r"10\sqrt{2}", False, DECIMAL),
+    _h("dec_in_matrix", r"\begin{pmatrix}0.707107 & 0\\0 & 1\end{pmatrix}",
+       r"\begin{pmatrix}\frac{\sqrt{2}}{2} & 0\\0 & 1\end{pmatrix}", False, DECIMAL),
+    _h("dec_decimal_gold", "0.1000001", "0.1", False, DECIMAL),
+    _h("exact_two_and_half", "2.5", "5/2", True),
+    _h("exact_quarter", "0.25", r"\frac14", True),
+    _h("exact_one", "1.0", "1", True),
+    _h("exact_eighth_negative", "-0.125", r"-\frac{1}{8}", True),
+    _h("exact_sci_small", r"2.5 \times 10^{-3}", r"\frac{1}{400}", True),
+    _h("exact_e_notation", "2.5e-3", r"\frac{1}{400}", True),
+    _h("exact_percent", r"12.5\%", "12.5", True),
+    _h("exact_repeating", r"0.\overline{3}", r"\frac{1}{3}", True),
+    _h("exact_repeating_mixed", r"0.1\overline{6}", r"\frac{1}{6}", True),
+    _h("exact_decimal_coefficient", r"1.5\sqrt{2}", r"\frac{3\sqrt{2}}{2}", True),
+    _h("exact_decimal_interval", r"(0.5, 1.5]", r"(\frac{1}{2}, \frac{3}{2}]", True),
+    _h("exact_decimal_gold_frac_pred", r"\frac{15}{4}", "3.75", True),
+    _h("exact_decimal_both", "2.5", "2.50", True),
+    # --- box and delimiter quirks: one outermost box, no math delimiters inside it ---
+    _h("box_two_inner_last", r"\boxed{7}\boxed{8}", "8", False, NESTED),
+    _h("box_two_inner_first", r"\boxed{7}\boxed{8}", "7", False, NESTED),
+    _h("box_inner_or", r"\boxed{7} \text{ or } \boxed{8}", "8", False, NESTED),
+    _h("box_text_then_inner", r"7 \boxed{8}", "8", False, NESTED),
+    _h("box_fbox_pair", r"\fbox{7}\fbox{8}", "8", False, NESTED),
+    _h("box_nested_pair", r"\boxed{\boxed{7}}\boxed{8}", "8", False, NESTED),
+    _h("delim_paren", r"8\) or \(7", "8", False, DELIM),
+    _h("delim_paren_second", r"8\) or \(7", "7", False, DELIM),
+    _h("delim_bracket", r"8\] or \[7", "8", False, DELIM),
+    _h("delim_dollar", "8$ or $7", "8", False, DELIM),
+    _h("delim_dollar_wrapped", "$7$", "7", False, DELIM),
+    _h("delim_paren_wrapped", r"\(7\)", "7", False, DELIM),
+    _h("false_eq_sum", "2+2=7", "7", False, FALSE_EQ),
+    _h("false_eq_bare", "3 = 4", "4", False, FALSE_EQ),
+    _h("false_eq_chain", "x = 3 = 4", "4", False, FALSE_EQ),
+    _h("false_eq_fraction", r"\frac{6}{2} = 4", "4", False, FALSE_EQ),
+    _h("false_eq_radical", r"\sqrt{4} = 3", "3", False, FALSE_EQ),
+    _h("false_eq_product", r"2 \cdot 3 = 7", "7", False, FALSE_EQ),
+    _h("false_eq_reversed", "7 = 2+2", "7", False, FALSE_EQ),
+    _h("false_eq_long_chain", "3 + 4 = 7 = 8", "8", False, FALSE_EQ),
+    _h("true_eq_value", "2+2=4", "4", True),
+    _h("true_eq_chain", "x = 2 + 5 = 7", "7", True),
+    _h("true_eq_assignment", "x = 7", "7", True),
+    _h("true_eq_fraction", r"\frac{6}{2} = 3", "3", True),
+    _h("true_eq_radical_chain", r"y = \sqrt{4} = 2", "2", True),
+    _raw("box_outer_fbox_pair", r"So \fbox{\boxed{7}\boxed{8}}.", "8", False, NESTED),
+    _h("delim_text_then_paren", r"8 \text{ or } \(7\)", "7", False, DELIM),
+    _raw("box_last_top_level", r"First $\boxed{7}$; no: $\boxed{8}$.", "8", True),
+    _raw("box_fbox_wraps_box", r"So \fbox{\boxed{7}}.", "7", True),
+    _raw("box_in_paren_delims", r"So \(\boxed{7}\).", "7", True),
+    _raw("box_in_display_delims", "So \\[\\boxed{7}\\]", "7", True),
+    _raw("box_bare_in_paren_delims", r"So \(\boxed 7\).", "7", True),
+    _raw("box_escaped_dollar", r"It costs \boxed{\$18.90}.", "18.90", True),
+    _raw("box_inner_period", r"So \boxed{\boxed{7}.}", "7", True),
+    # --- right answers in other scripts (and wrong ones stay wrong) ---
+    _h("uni_fullwidth", "\uff17", "7", True),
+    _h("uni_fullwidth_two", "\uff11\uff17", "17", True),
+    _h("uni_zero_width_space", "1\u200b7", "17", True),
+    _h("uni_zero_width_joiners", "1\u200c\u200d7", "17", True),
+    _h("uni_word_joiner", "1\u20607", "17", True),
+    _h("uni_bom", "\ufeff17", "17", True),
+    _h("uni_soft_hyphen", "1\u00ad7", "17", True),
+    _h("uni_math_bold", "\U0001d7d5", "7", True),
+    _h("uni_math_double_struck", "\U0001d7d9\U0001d7df", "17", True),
+    _h("uni_math_monospace", "\U0001d7f7\U0001d7fd", "17", True),
+    _h("uni_arabic_indic", "\u0661\u0667", "17", True),
+    _h("uni_devanagari", "\u0967\u096d", "17", True),
+    _h("uni_minus_sign", "\u22127", "-7", True),
+    _h("uni_superscript", "x\u00b2 + 1", "x^2 + 1", True),
+    _h("uni_superscript_power", "10\u2076", "1000000", True),
+    _h("uni_vulgar_fraction", "3\u00bd", r"\frac{7}{2}", True),
+    _h("uni_superscript_alone", "\u2077", "7", True),
+    _h("uni_circled", "\u2466", "7", True),
+    _h("uni_sans_serif_bold", "\U0001d7f3", "7", True),
+    _h("uni_vulgar_two_thirds", "\u2154", r"\frac{2}{3}", True),
+    _h("uni_arabic_indic_fraction", "\u0663/\u0664", r"\frac{3}{4}", True),
+    _h("uni_fullwidth_minus", "\uff0d7", "-7", True),
+    _h("uni_fullwidth_wrong", "\uff11\uff18", "17", False),
+    _h("uni_zero_width_wrong", "1\u200b8", "17", False),
+    _h("uni_superscript_not_times", "x\u00b2", "2x", False),
+    _h("uni_power_not_concat", "10\u2076", "106", False),
+    _raw("uni_invisible_in_command", "So \\boxed\u200b{17}.", "17", True),
+    _raw("uni_fullwidth_gold", r"So \boxed{17}.", "\uff11\uff17", True),
+]

@@ -63,6 +63,7 @@ class _Task:
     future: Future
     gold: str
     pred: str
+    options: dict | None = None
 
 
 class _Worker:
@@ -137,19 +138,22 @@ class VerifyPool:
 
     # ---- public API (any thread) ----
 
-    def submit(self, gold: str, pred: str) -> Future:
-        """Queue one check; the future resolves to a :class:`Verdict` (or raises :class:`PoolBroken`)."""
+    def submit(self, gold: str, pred: str, options: dict | None = None) -> Future:
+        """Queue one check; the future resolves to a :class:`Verdict` (or raises :class:`PoolBroken`).
+
+        ``options``: ``None`` or a small dict for the worker (``{"numeric_tolerance": True}``).
+        """
         if self._broken:
             raise PoolBroken(self._broken)
         if self._closing:
             raise RuntimeError("VerifyPool is closed")
         future: Future = Future()
-        self._pending.append(_Task(future, str(gold), str(pred)))
+        self._pending.append(_Task(future, str(gold), str(pred), dict(options) if options else None))
         self._wake()
         return future
 
-    def verify(self, gold: str, pred: str) -> Verdict:
-        return self.result(self.submit(gold, pred))
+    def verify(self, gold: str, pred: str, options: dict | None = None) -> Verdict:
+        return self.result(self.submit(gold, pred, options))
 
     def verify_many(self, pairs) -> list[Verdict]:
         """Check many ``(gold, pred)`` pairs at once, in parallel over the workers; same order out."""
@@ -248,7 +252,7 @@ class VerifyPool:
                 worker.task, worker.task_id = task, next(self._ids)
                 worker.deadline = time.monotonic() + self.hard_timeout_s
                 try:
-                    worker.send_conn.send((worker.task_id, task.gold, task.pred))
+                    worker.send_conn.send((worker.task_id, task.gold, task.pred, task.options))
                 except OSError:
                     self._retire(worker, Verdict(False, "error", "worker pipe closed"))
                 break
