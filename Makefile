@@ -4,7 +4,8 @@
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
-#   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead)
+#   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
+#                  code-reward parsing per KB and a hostile batch)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
 #   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
@@ -85,6 +86,7 @@ bench: install
 	$(PY) -m recipe.bench_loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05
 	$(PY) -m recipe.bench_math_reward
 	$(PY) -m recipe.bench_sandbox
+	$(PY) -m recipe.bench_code_parse --max-growth 3 --hostile
 
 table: install
 	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)

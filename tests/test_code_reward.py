@@ -73,6 +73,12 @@ def test_format_error_scores_zero_without_running(box):
     ("0.3333333\n", "0.33333333333\n", True),
     ("0.33\n", "0.3333333\n", False),
     ("100000000000000001\n", "100000000000000000\n", False),  # integers compare exactly
+    ("999999000.0\n", "999999999\n", False),  # no float tolerance where an integer is expected
+    ("7.000\n", "7\n", True),  # the same integer value
+    ("+07 -0\n", "7 0\n", True),
+    ("6.9999999\n", "7\n", False),
+    ("1e3\n", "1000\n", False),
+    ("1000\n", "1e3\n", True),  # the expected value is a float: tolerance applies
     ("yes\n", "YES\n", False),
     ("6 7\n", "6\n", False),
     ("", "0\n", False),
@@ -83,9 +89,14 @@ def test_stdout_matches(got, want, ok):
 
 @pytest.mark.parametrize("got,want,ok", [
     ([1, 2], [1, 2], True),
-    ([1.0000000001, 2], [1, 2], True),
+    ([1.0000000001, 2], [1, 2], False),  # integers are exact
+    ([1.0000000001, 2.0], [1.0, 2], True),  # floats within the tolerance
+    ([1.0, 2], [1, 2], True),  # an integral float equal to the expected integer
     ({"a": [1]}, {"a": [1]}, True),
-    (True, 1, True),  # Python semantics, as the reference graders' ``==``
+    (True, 1, False),  # bool is not int
+    (True, [1], False),
+    (1, True, False),
+    (999999000.0, 999999999, False),
     ("1", 1, False),
     ([1, 2], [2, 1], False),
     (None, 0, False),

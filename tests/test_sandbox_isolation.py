@@ -542,3 +542,13 @@ def test_nothing_outlives_the_call_unprivileged():
     assert out["isolation"] == "rlimits", out  # (a hierarchy delegated to that uid would be unusual)
     assert "Permission denied" in out["note"] or "v1" in out["note"], out
     assert out["left"] == {name: [0, 0] for name in LEAKY}, out
+
+
+def test_the_code_reward_reports_the_isolation_in_use(cg_box):
+    from gapo.rewards.code import compute_code_score
+
+    tests = json.dumps({"inputs": ["1\n", "2\n"], "outputs": ["1\n", "2\n"]})
+    right = compute_code_score("taco", "```python\nprint(input())\n```", tests, sandbox=cg_box)
+    wrong = compute_code_score("taco", "```python\nprint(0)\n```", tests, sandbox=cg_box)
+    assert right["score"] == 1.0 and wrong["score"] == 0.0
+    assert right["isolation"] == wrong["isolation"] == cg_box.isolation in ISOLATIONS

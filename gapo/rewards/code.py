@@ -1,10 +1,13 @@
 """Code rewards (DeepCoder recipe): run the answer's last Python block on the problem's tests in the sandbox.
 
 Reward 1 only if every selected test passes (at most ``max_tests``, the ones with the longest inputs,
-as DeepCoder does); the problem stops at its first failure. Tests run in :mod:`gapo.rewards.sandbox`;
-**judging happens here, in the parent**: expected outputs never enter the sandbox, and function-call
-results come back as JSON (plain data), so a returned object whose ``__eq__`` is always true, or a
-``sys.exit(0)`` before the checks, cannot pass.
+as DeepCoder does); the problem stops at its first failure. Programs run in :mod:`gapo.rewards.sandbox`;
+**judging happens here, in the parent**, and the answer's process never holds anything it could use to
+fake a pass: no expected value, no test code, no token, no judging code. It gets the inputs, and sends
+back what it printed (stdin/stdout problems) or what its function returned, as plain data (a tagged JSON
+of ``None``/bool/int/float/str/list/tuple/set/dict/bytes/complex). A returned object whose ``__eq__`` is
+always true, a ``sys.exit(0)`` before the checks, a forged result line or a replaced ``json.dumps`` can
+at most report other values, which the parent compares like any other.
 
 Test formats accepted (``ground_truth`` as a JSON string, or already decoded):
 
@@ -16,25 +19,46 @@ Test formats accepted (``ground_truth`` as a JSON string, or already decoded):
   a functional input holds one JSON value per line (one per argument), the output one JSON value;
   the solution is usually ``class Solution`` with that method.
 - HumanEval(+): ``{"prompt"?, "test", "entry_point"}`` (or the test code as a string, with
-  ``entry_point``/``prompt`` in ``extra_info``): runs ``prompt + answer + test + check(entry_point)``.
-  Here the asserts run inside the sandbox, so returned values are first checked to be plain builtin
-  types (defeats ``__eq__`` tricks), and a pass needs exit code 0 *and* a token printed after
-  ``check`` that the program reads from stdin before the answer's code runs.
+  ``entry_point``/``prompt`` in ``extra_info``). Judged like function-call problems, in three steps:
 
-stdin/stdout tests are compared line by line after stripping, then token by token with a float
-tolerance (integers exactly). Function-call results are compared as JSON values with the same float
-tolerance (TACO/PrimeIntellect also accept the bare value for a one-element expected list).
+  1. *Extraction* (once per problem, cached): the trusted test code runs in the sandbox **without the
+     answer**, with ``candidate`` replaced by a recorder. Its asserts are rewritten (``ast``) so that each
+     records the call's arguments and what the result is compared against: ``candidate(x) == e`` (and
+     ``e == candidate(x)``, ``tuple(candidate(x)) == e``), ``candidate(x) is True/False/None``,
+     ``candidate(x)`` / ``not candidate(x)``, ``abs(candidate(x) - e) < tol`` (``<=``, ``math.fabs``),
+     and HumanEval+'s ``assertion(candidate(*inp), exp, atol)`` (only when ``assertion``/``is_floats``
+     are evalplus's own definitions). Loops, helpers and random inputs run as written (``random`` seeded).
+  2. The answer runs in its own sandboxed process on the recorded arguments only and returns plain data;
+     the parent compares: ``==`` exactly (bool apart from int, list apart from tuple), tolerances as
+     the assert wrote them, evalplus's ``np.allclose`` rule (same shape, no broadcasting).
+  3. Only for asserts of another shape (HumanEval/32: ``abs(poly(coeffs, candidate(c))) < 1e-4``): the
+     test code runs once more, still without the answer, with ``candidate`` answering from the values
+     the answer returned (plain data); it reports pass/fail (``humaneval_replay=False``: such problems
+     score 0 with a reason instead).
+
+  Test code that cannot be judged this way (it catches exceptions, or fails without the answer, e.g. it
+  branches on the answer's value outside an assert) scores 0 with a ``reason``; nothing falls back to
+  running tests inside the answer's process.
+
+stdin/stdout tests are compared line by line after stripping, then token by token: where the expected
+token is an integer the output token must be the same integer (``7.0`` is accepted for ``7``, ``6.9999999``
+is not); other numbers may differ by ``float_tol``. Function-call results are compared as values with
+the same rule (``True`` is not ``1``; TACO/PrimeIntellect also accept the bare value for a one-element
+expected list). Every result has a ``reason`` (``""`` when passed); a program's failure, whatever it
+printed, is a score of 0, never an exception. Parsing is linear in the output's size (no regex that
+backtracks, numeric tokens longer than ``NUM_TOKEN_MAX`` are compared as text).
 """
 
 from __future__ import annotations
 
-import ast
+import hashlib
 import json
 import math
 import queue
 import re
-import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,12 +68,19 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 # data_source names this scorer is meant for (the format is read from each row's shape, not the name).
 CODE_SOURCES = ("deepcoder_taco", "deepcoder_primeintellect", "deepcoder_lcb", "taco", "primeintellect",
                 "livecodebench", "lcbv5", "humaneval", "humanevalplus")
-RESULT_KEYS = {"passed": 0, "total": 0, "sandbox_error": False}
+# isolation: what contained the programs ("cgroup_v2", "cgroup_v1" or "rlimits"; gapo/rewards/sandbox.py)
+RESULT_KEYS = {"passed": 0, "total": 0, "sandbox_error": False, "reason": "", "isolation": ""}
 PY_LANGS = {"", "python", "py", "python3", "py3"}
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.#-]*)[^\n]*\n(.*?)```", re.DOTALL)
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_INT = re.compile(r"[+-]?\d+")
-_FUTURE = re.compile(r"^from\s+__future__\s+import[^\n]*$", re.MULTILINE)
+# Output caps (bytes of stdout). Prints of function-call and HumanEval answers go to stderr (only its
+# tail is kept), so their stdout carries the result line alone: the cap is what that line can need.
+RESULT_CAP_BASE = 64 << 10
+RESULT_CAP_PER_OPEN_CALL = 16 << 10  # a HumanEval call whose result no recorded check bounds
+PLAN_CACHE_ENTRIES = 1024
+PLAN_CACHE_BYTES = 64 << 20  # total size of the extraction outputs kept (least recently used dropped first)
+PLAN_CACHE_MAX_BYTES = 8 << 20  # larger plans are used but not kept
+_LANG = re.compile(r"[ \t]*([A-Za-z0-9_+.#-]*)")
+_FUTURE = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*$", re.MULTILINE)
+_EXC_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_.]{0,63})(?::|$)")
 
 # Names LeetCode-style solutions use without importing them (LiveCodeBench's graders add the same).
 CALL_PRELUDE = (
@@ -58,75 +89,15 @@ CALL_PRELUDE = (
     "import collections, heapq, bisect, itertools, functools, math, string, re, sys\n"
 )
 
-# Function-call harness. The arguments are read from stdin *before* the answer's code runs (so the
-# answer cannot consume them), the answer runs as a module not named __main__, the result goes out as
-# JSON after a per-problem marker, and os._exit skips the answer's atexit hooks and stray threads.
-CALL_HARNESS = '''\
-import json as _gj, os as _go, sys as _gs
-_g_args = _gj.loads(_gs.stdin.read())
-_g_ns = {{"__name__": "solution", "__builtins__": __builtins__}}
-exec(compile({prelude!r}, "<prelude>", "exec"), _g_ns)
-exec(compile({source!r}, "<solution>", "exec"), _g_ns)
-_g_cls = _g_ns.get("Solution")
-if isinstance(_g_cls, type) and hasattr(_g_cls, {fn!r}):
-    _g_fn = getattr(_g_cls(), {fn!r})
-else:
-    _g_fn = _g_ns[{fn!r}]
-_g_res = _g_fn(*_g_args)
-def _g_plain(o):
-    if isinstance(o, (set, frozenset)):
-        try:
-            return sorted(o)
-        except TypeError:
-            return list(o)
-    raise TypeError("result is not JSON data: " + type(o).__name__)
-_g_out = _gj.dumps(_g_res, default=_g_plain)
-_gs.stdout.flush()
-_go.write(1, ("\\n" + {marker!r} + _g_out + "\\n").encode())
-_go._exit(0)
-'''
+from gapo.rewards._code_programs import CODEC_SRC, EXTRACTOR, EXTRACTOR_SRC, RUNNER  # noqa: E402,F401
 
-# HumanEval harness: prologue (before the answer) and epilogue (after the test code).
-SCRIPT_PROLOGUE = '''\
-def _g_make_emit():
-    import os, sys
-    token = sys.stdin.readline().strip().encode()
-    def emit():
-        sys.stdout.flush()
-        os.write(1, b"\\n" + token + b"\\n")
-        os._exit(0)
-    return emit
-_g_emit = _g_make_emit()
-del _g_make_emit
-'''
-SCRIPT_EPILOGUE = '''
-def _g_guard(fn):
-    plain = (int, float, complex, str, bytes, bool, type(None))
-    def check(v):
-        t = type(v)
-        if any(t is p for p in plain):
-            return
-        if any(t is c for c in (list, tuple, set, frozenset)):
-            for x in v:
-                check(x)
-        elif t is dict:
-            for k, x in v.items():
-                check(k)
-                check(x)
-        else:
-            raise TypeError("candidate returned a " + t.__name__)
-    def guarded(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        check(out)
-        return out
-    return guarded
-'''
+
 
 
 @dataclass
 class CodeProblem:
     """Tests in one shape: ``stdio`` (stdin -> expected stdout), ``call`` (args -> expected value) or
-    ``script`` (one program whose asserts are the test, HumanEval)."""
+    ``script`` (HumanEval: trusted test code, turned into calls and checks by extraction)."""
 
     kind: str
     inputs: list = field(default_factory=list)  # stdio: str; call: list of args
@@ -149,15 +120,46 @@ def answer_region(response: str, require_think: bool = False) -> str | None:
     return response
 
 
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every complete fenced block, in order, in linear time.
+
+    Same reading as the regex ``` ```[ \\t]*(lang)[^\\n]*\\n(.*?)``` ``` (the language is the word after the
+    fence, the rest of that line is ignored, the body ends at the next fence), but every character is
+    looked at a bounded number of times: once an opening fence has no newline after it, or a body has
+    no closing fence, no later block can be complete either.
+    """
+    blocks, pos = [], 0
+    while True:
+        start = text.find("```", pos)
+        if start < 0:
+            break
+        newline = text.find("\n", start + 3)
+        if newline < 0:
+            break
+        end = text.find("```", newline + 1)
+        if end < 0:
+            break
+        lang = _LANG.match(text, start + 3, newline).group(1)
+        blocks.append((lang, text[newline + 1:end]))
+        pos = end + 3
+    return blocks
+
+
 def extract_code(response: str, require_think: bool = False) -> str | None:
     """The last complete fenced block tagged python (or untagged) of the answer; ``None`` if none."""
     region = answer_region(str(response), require_think)
     if region is None:
         return None
-    blocks = [body for lang, body in _FENCE.findall(region) if lang.lower() in PY_LANGS]
+    blocks = [body for lang, body in fenced_blocks(region) if lang.lower() in PY_LANGS]
     if not blocks or not blocks[-1].strip():
         return None
     return blocks[-1].rstrip() + "\n"
+
+
+def _format_reason(response: str, require_think: bool) -> str:
+    if answer_region(str(response), require_think) is None:
+        return "no answer after the thought (missing </think>)"
+    return "no complete python code block"
 
 
 # ----- test formats ----------------------------------------------------------------------------------
@@ -170,6 +172,8 @@ def _decode(value):
         try:
             return json.loads(value)
         except ValueError:
+            import ast
+
             return ast.literal_eval(value)
     return value
 
@@ -186,10 +190,10 @@ def _fn_from_metadata(meta) -> str | None:
 
 
 def parse_tests(ground_truth, extra_info=None) -> CodeProblem:
-    """Normalise a DeepCoder / HumanEval ``ground_truth`` into a :class:`CodeProblem` (by its shape)."""
+    """Normalise a DeepCoder / HumanEval ``ground_truth`` into a :class:`CodeProblem` (by its shape).
+    A malformed ground truth (a dataset bug, not the answer's) raises ``ValueError``."""
     extra = extra_info if isinstance(extra_info, dict) else {}
-    # JSON first: a HumanEval row stored as '{"test": "def check(...", ...}' must not be run as test code
-    # (the dict literal would define no check() call and every answer would pass).
+    # JSON first: a HumanEval row stored as '{"test": "def check(...", ...}' must not be run as test code.
     is_json = isinstance(ground_truth, str) and ground_truth.lstrip()[:1] in ("{", "[")
     if isinstance(ground_truth, str) and not is_json and "def check(" in ground_truth:
         gt = {"test": ground_truth}
@@ -200,7 +204,7 @@ def parse_tests(ground_truth, extra_info=None) -> CodeProblem:
         if not entry:  # fail closed: without it check(candidate) is never called and every answer would pass
             raise ValueError("HumanEval test code without entry_point (in the ground truth or extra_info)")
         return CodeProblem("script", prompt=str(gt.get("prompt") or extra.get("prompt") or ""),
-                           test_code=str(gt["test"]), entry_point=entry)
+                           test_code=str(gt["test"]), entry_point=str(entry))
     if isinstance(gt, dict) and "inputs" in gt:  # TACO
         ins, outs = list(gt["inputs"]), list(gt["outputs"])
         if gt.get("fn_name"):
@@ -238,48 +242,27 @@ def select_tests(problem: CodeProblem, max_tests: int | None) -> list[int]:
     return sorted(range(n), key=lambda i: size[i], reverse=True)[:max_tests]
 
 
-# ----- comparison ------------------------------------------------------------------------------------
-def _close(a: float, b: float, tol: float) -> bool:
-    return a == b or math.isclose(a, b, rel_tol=tol, abs_tol=tol)
-
-
-def stdout_matches(got: str, want: str, tol: float = 1e-6) -> bool:
-    """Whitespace-tolerant comparison: equal lines after stripping, else equal tokens where numeric
-    tokens may differ by ``tol`` (integers must be equal)."""
-    g_lines = [line.rstrip() for line in got.strip().splitlines()]
-    w_lines = [line.rstrip() for line in want.strip().splitlines()]
-    if g_lines == w_lines:
-        return True
-    g_tok, w_tok = got.split(), want.split()
-    if len(g_tok) != len(w_tok):
-        return False
-    for g, w in zip(g_tok, w_tok):
-        if g == w:
-            continue
-        if _INT.fullmatch(g) and _INT.fullmatch(w):
-            if int(g) != int(w):
-                return False
-        elif _NUMBER.fullmatch(g) and _NUMBER.fullmatch(w):
-            if not _close(float(g), float(w), tol):
-                return False
-        else:
-            return False
-    return True
-
-
-def values_match(got, want, tol: float = 1e-6) -> bool:
-    """Plain-data equality (lists/tuples alike, floats within ``tol``)."""
-    if isinstance(got, bool) or isinstance(want, bool) or got is None or want is None:
-        return got == want
-    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
-        if isinstance(got, int) and isinstance(want, int):
-            return got == want
-        return _close(float(got), float(want), tol)
-    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
-        return len(got) == len(want) and all(values_match(g, w, tol) for g, w in zip(got, want))
-    if isinstance(got, dict) and isinstance(want, dict):
-        return got.keys() == want.keys() and all(values_match(got[k], want[k], tol) for k in got)
-    return type(got) is type(want) and got == want
+from gapo.rewards.code_compare import (  # noqa: E402,F401  (re-exported: the judge's comparisons)
+    MAX_DEPTH,
+    NUM_TOKEN_MAX,
+    GotDict,
+    GotSet,
+    _allclose,
+    _check_passes,
+    _close,
+    _int_token,
+    _integral_token,
+    _json_key,
+    _same,
+    _same_items,
+    _tag,
+    _token_matches,
+    _untag,
+    check_passes,
+    read_results,
+    stdout_matches,
+    values_match,
+)
 
 
 # ----- programs --------------------------------------------------------------------------------------
@@ -288,16 +271,19 @@ def _hoist_future(code: str) -> tuple[str, str]:
     return (future + "\n" if future else ""), _FUTURE.sub("", code)
 
 
-def build_program(problem: CodeProblem, code: str, marker: str) -> str:
+def build_program(problem: CodeProblem, code: str) -> str:
+    """The answer's program: stdin/stdout problems run the code as is; function-call and HumanEval problems
+    run it under :data:`RUNNER`, which calls the function on the inputs it reads and returns plain data."""
     if problem.kind == "stdio":
         return code
     if problem.kind == "call":
-        return CALL_HARNESS.format(prelude=CALL_PRELUDE, source=code, fn=problem.fn_name, marker=marker)
+        return RUNNER.format(codec=CODEC_SRC, prelude=CALL_PRELUDE, sources=(code,), fn=problem.fn_name,
+                             allow_class=True)
+    # The prompt, then the answer (a chat model may answer with the function's body only); if that does
+    # not parse (a prompt that is a bare signature), the answer alone.
     future, body = _hoist_future(problem.prompt + "\n" + code)
-    program = future + SCRIPT_PROLOGUE + body + "\n\n" + problem.test_code + "\n" + SCRIPT_EPILOGUE
-    if problem.entry_point:
-        program += f"\ncheck(_g_guard({problem.entry_point}))\n"
-    return program + "_g_emit()\n"
+    return RUNNER.format(codec=CODEC_SRC, prelude="", sources=(future + body, code), fn=problem.entry_point,
+                         allow_class=False)
 
 
 def _output_cap(expected_len: int, config: SandboxConfig) -> int:
@@ -305,119 +291,342 @@ def _output_cap(expected_len: int, config: SandboxConfig) -> int:
     return min(config.max_output_bytes, max(1 << 20, 4 * expected_len + 4096))
 
 
+def _result_cap(expected_bytes: int, n_calls: int, open_calls: int, config: SandboxConfig) -> int:
+    # The result line of a runner: its values (about the size of the expected ones) and a little framing.
+    need = RESULT_CAP_BASE + 4 * expected_bytes + 64 * n_calls + RESULT_CAP_PER_OPEN_CALL * open_calls
+    return min(config.max_output_bytes, need)
+
+
+# ----- HumanEval plans -------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """What extraction found: the calls to make (tagged JSON of ``[args, kwargs]``), the checks on their
+    results (``[op, call index, test line, ...]``, expected values decoded), how many asserts need the
+    replay step, or why the problem cannot be judged (``error``)."""
+
+    calls: list = field(default_factory=list)
+    checks: list = field(default_factory=list)
+    sites: int = 0
+    expected_bytes: int = 0
+    error: str = ""
+
+    @property
+    def open_calls(self) -> int:
+        return len(self.calls) - len({c[1] for c in self.checks})
+
+
+_PLANS: OrderedDict[str, tuple[Plan, int]] = OrderedDict()  # key -> (plan, size of its extraction output)
+_PLANS_BYTES = [0]
+_PLANS_LOCK = threading.Lock()
+_CHECK_ARITY = {"eq": 5, "is": 4, "close": 6, "plus": 6}
+
+
+def plan_key(problem: CodeProblem) -> str:
+    h = hashlib.sha256()
+    for part in (problem.prompt, problem.test_code, problem.entry_point or ""):
+        h.update(part.encode("utf-8", errors="surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def read_plan(res: RunResult) -> tuple[Plan, bool]:
+    """An extraction run -> (plan, whether to cache it). Only the program's own verdicts are cached, not a
+    sandbox failure (a timeout on a loaded machine)."""
+    if not res.exited_ok:
+        return Plan(error=f"test extraction failed: {_run_reason(res)}"), False
+    try:
+        text = res.stdout.decode("utf-8", errors="replace").rstrip()
+        data = json.loads(text[text.rfind("\n") + 1:])
+        if not data.get("ok"):
+            return Plan(error=str(data.get("error") or "test extraction failed")[:500]), True
+        calls, raw_checks, sites = data["calls"], data["checks"], data["sites"]
+        if not (isinstance(calls, list) and all(type(c) is str for c in calls) and isinstance(raw_checks, list)
+                and type(sites) is int):
+            raise ValueError("malformed plan")
+        checks, expected = [], 0
+        for c in raw_checks:
+            if type(c) is not list or _CHECK_ARITY.get(c[0] if c else None) != len(c):
+                raise ValueError("malformed check")
+            if type(c[1]) is not int or not 0 <= c[1] < len(calls):
+                raise ValueError("check of an unknown call")
+            if c[0] in ("eq", "close", "plus"):
+                expected += len(json.dumps(c[3]))
+                c = [*c[:3], _untag(c[3], True), *([_untag(c[4], True)] if c[0] != "eq" else [c[4]]), *c[5:]]
+            checks.append(c)
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        return Plan(error=f"unreadable test extraction: {type(exc).__name__}: {str(exc)[:200]}"), False
+    if not calls:
+        return Plan(error="the test code never calls candidate"), True
+    return Plan(calls, checks, sites, expected), True
+
+
+def _cache_plan(key: str, plan: Plan, size: int) -> None:
+    if size > PLAN_CACHE_MAX_BYTES:
+        return
+    with _PLANS_LOCK:
+        if key in _PLANS:
+            _PLANS_BYTES[0] -= _PLANS.pop(key)[1]
+        _PLANS[key] = (plan, size)
+        _PLANS_BYTES[0] += size
+        while len(_PLANS) > PLAN_CACHE_ENTRIES or _PLANS_BYTES[0] > PLAN_CACHE_BYTES:
+            _PLANS_BYTES[0] -= _PLANS.popitem(last=False)[1][1]
+
+
+def _cached_plan(key: str) -> Plan | None:
+    with _PLANS_LOCK:
+        entry = _PLANS.get(key)
+        if entry is None:
+            return None
+        _PLANS.move_to_end(key)
+        return entry[0]
+
+
+def judge_script(plan: Plan, items: list) -> str:
+    """The answer's results against the plan's checks: ``""`` if all pass, else why not."""
+    for j, item in enumerate(items):
+        if item[0] == 1:
+            return f"the answer raised {str(item[1])[:64]} on test call {j + 1}"
+    got = [_untag(item[1], False) for item in items]  # every value, so the replay only sees plain data
+    for check in plan.checks:
+        i = check[1]
+        if not check_passes(check, got[i]):
+            return f"wrong answer (assert on line {check[2]} of the test, call {i + 1})"
+    return ""
+
+
+# ----- batch scoring ---------------------------------------------------------------------------------
+def _run_reason(res: RunResult) -> str:
+    if res.status == "timeout":
+        return "timeout"
+    if res.status == "output_limit":
+        return "output limit exceeded"
+    if res.status == "skipped":
+        return "stopped"
+    if res.status == "error":
+        return "sandbox error: " + res.stderr.decode("utf-8", errors="replace").strip()[-200:]
+    if res.signal:
+        return f"killed by signal {res.signal}"
+    if res.exit_code:
+        tail = res.stderr.decode("utf-8", errors="replace").rstrip()
+        m = _EXC_NAME.match(tail[tail.rfind("\n") + 1:])
+        return f"runtime error ({m.group(1)})" if m else f"exit code {res.exit_code}"
+    return ""
+
+
 @dataclass
 class _Item:
     problem: CodeProblem | None
     selected: list[int]
-    marker: str
     code: str | None = None
     job: object = None
     passed: int = 0
     done: bool = False
     result: dict | None = None
+    key: str = ""  # HumanEval: plan key
+    plan: Plan | None = None
+    items: list | None = None  # HumanEval: the answer's raw results, kept for the replay
 
 
-def _result(score: bool, *, format_error=False, timeout=False, passed=0, total=0, sandbox_error=False) -> dict:
+def _result(score: bool, *, reason: str = "", format_error=False, timeout=False, passed=0, total=0,
+            sandbox_error=False) -> dict:
     return {"score": 1.0 if score else 0.0, "acc": bool(score), "pred": "", "format_error": format_error,
-            "timeout": timeout, "passed": passed, "total": total, "sandbox_error": sandbox_error}
+            "timeout": timeout, "passed": passed, "total": total, "sandbox_error": sandbox_error,
+            "reason": "" if score else (reason or "failed")}
 
 
-def _judge(item: _Item, idx: int, res: RunResult, tol: float) -> bool:
+def _judge_test(item: _Item, idx: int, res: RunResult, tol: float) -> str:
+    """One stdin/stdout or function-call test: ``""`` if it passed, else why not."""
     problem = item.problem
     if not res.exited_ok:
-        return False
-    out = res.stdout.decode("utf-8", errors="replace")
-    if problem.kind == "stdio":
-        return stdout_matches(out, problem.outputs[item.selected[idx]], tol)
-    if problem.kind == "script":
-        return out.rstrip("\n").rsplit("\n", 1)[-1] == item.marker
-    _head, sep, payload = out.rpartition(item.marker)
-    if not sep:
-        return False
-    try:
-        got = json.loads(payload.strip().split("\n", 1)[0])
-    except ValueError:
-        return False
+        return _run_reason(res) or "failed"
     want = problem.outputs[item.selected[idx]]
+    if problem.kind == "stdio":
+        out = res.stdout.decode("utf-8", errors="replace")
+        return "" if stdout_matches(out, want, tol) else f"wrong answer on test {idx + 1}"
+    (item_,) = read_results(res.stdout, 1)
+    if item_[0] == 1:
+        return f"the answer raised {str(item_[1])[:64]} on test {idx + 1}"
+    got = _untag(item_[1], False)
     if values_match(got, want, tol):
-        return True
-    return problem.unwrap_single and isinstance(want, list) and len(want) == 1 and values_match(got, want[0], tol)
+        return ""
+    if problem.unwrap_single and isinstance(want, list) and len(want) == 1 and values_match(got, want[0], tol):
+        return ""
+    return f"wrong answer on test {idx + 1}"
 
 
 def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extra_infos: Sequence | None = None, *,
                      max_tests: int | None = 15, test_timeout_s: float | None = None,
                      problem_timeout_s: float | None = None, memory_mb: int | None = None,
                      batch_timeout_s: float | None = None, require_think: bool = False, float_tol: float = 1e-6,
-                     sandbox: Sandbox | None = None) -> list[dict]:
+                     humaneval_replay: bool = True, sandbox: Sandbox | None = None) -> list[dict]:
     """Score many answers at once: every problem is submitted up front and runs in parallel over the
     sandbox's slots; the whole call returns within ``batch_timeout_s`` (default: the problem limit
-    times the number of rounds the slots need, plus 30 s); unfinished problems score 0 with ``timeout``."""
+    times the number of rounds the slots need, plus 30 s, plus two test limits per round for HumanEval's
+    extra steps); unfinished problems score 0 with ``timeout``. A malformed ground truth raises
+    ``ValueError``; whatever a program does, its item scores 0 with a ``reason``, never an exception."""
     n = len(solution_strs)
     extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
     sandbox = sandbox or get_sandbox()
     cfg = sandbox.config
+    limits = {"test_timeout_s": test_timeout_s, "problem_timeout_s": problem_timeout_s, "memory_mb": memory_mb}
     items: list[_Item] = []
     for i in range(n):
         extra = extra_infos[i] if isinstance(extra_infos[i], dict) else {}
-        code = extract_code(solution_strs[i], bool(extra.get("require_think", require_think)))
+        think = bool(extra.get("require_think", require_think))
+        code = extract_code(solution_strs[i], think)
         problem = parse_tests(ground_truths[i], extra)
         selected = [0] if problem.kind == "script" else select_tests(problem, max_tests)
-        item = _Item(problem, selected, f"__gapo_result_{secrets.token_hex(8)}__", code)
+        item = _Item(problem, selected, code)
         items.append(item)
         if code is None:
-            item.done, item.result = True, _result(False, format_error=True, total=len(selected))
+            item.done = True
+            item.result = _result(False, format_error=True, total=len(selected),
+                                  reason=_format_reason(solution_strs[i], think))
     sink: queue.Queue = queue.Queue()
+    extracting: dict[str, list[int]] = {}  # plan key -> items waiting for it
+    extract_jobs: dict[str, object] = {}
+    pending = [sum(not item.done for item in items)]
+
+    def finish(i: int, ok: bool, reason: str = "", **kw) -> None:
+        it = items[i]
+        if it.done:
+            return
+        pending[0] -= 1
+        if it.job is not None and not ok:
+            it.job.cancel()
+        it.done = True
+        total = len(it.selected)
+        it.result = _result(ok, reason=reason, passed=total if ok else it.passed, total=total, **kw)
+
+    def start_answer(i: int) -> None:
+        it = items[i]
+        plan = it.plan
+        if plan.error:
+            finish(i, False, plan.error)
+            return
+        if plan.sites and not humaneval_replay:
+            finish(i, False, "the test has asserts that only a replay can judge (humaneval_replay=False)")
+            return
+        program = build_program(it.problem, it.code)
+        cap = _result_cap(plan.expected_bytes, len(plan.calls), plan.open_calls, cfg)
+        it.job = sandbox.submit(program, ["[" + ",".join(plan.calls) + "]"], output_caps=[cap], sink=sink,
+                                tag=("answer", i), **limits)
+
+    def start_extraction(i: int) -> None:
+        it = items[i]
+        it.key = plan_key(it.problem)
+        it.plan = _cached_plan(it.key)
+        if it.plan is not None:
+            start_answer(i)
+            return
+        waiting = extracting.setdefault(it.key, [])
+        waiting.append(i)
+        if len(waiting) == 1:
+            job = json.dumps({"mode": "discover", "prompt": it.problem.prompt, "test": it.problem.test_code,
+                              "entry": it.problem.entry_point})
+            lim = problem_timeout_s or cfg.problem_timeout_s
+            extract_jobs[it.key] = sandbox.submit(EXTRACTOR, [job], output_caps=[cfg.max_output_bytes], sink=sink,
+                                                  tag=("extract", it.key), test_timeout_s=lim,
+                                                  problem_timeout_s=lim, memory_mb=memory_mb)
+
     for i, item in enumerate(items):
         if item.done:
             continue
-        program = build_program(item.problem, item.code, item.marker)
-        if item.problem.kind == "stdio":
-            inputs = [item.problem.inputs[j] for j in item.selected]
-            caps = [_output_cap(len(item.problem.outputs[j]), cfg) for j in item.selected]
-        elif item.problem.kind == "call":
-            inputs = [json.dumps(item.problem.inputs[j]) for j in item.selected]
-            caps = [_output_cap(len(json.dumps(item.problem.outputs[j], default=str)), cfg) for j in item.selected]
-        else:
-            inputs, caps = [item.marker + "\n"], [cfg.max_output_bytes]
-        item.job = sandbox.submit(program, inputs, output_caps=caps, test_timeout_s=test_timeout_s,
-                                  problem_timeout_s=problem_timeout_s, memory_mb=memory_mb, sink=sink, tag=i)
+        p = item.problem
+        if p.kind == "script":
+            start_extraction(i)
+            continue
+        try:
+            if p.kind == "stdio":
+                inputs = [p.inputs[j] for j in item.selected]
+                caps = [_output_cap(len(p.outputs[j]), cfg) for j in item.selected]
+            else:
+                inputs = [json.dumps([[_tag(p.inputs[j]), {"d": []}]]) for j in item.selected]
+                caps = [_result_cap(len(json.dumps(p.outputs[j], default=str)), 1, 0, cfg) for j in item.selected]
+        except (ValueError, TypeError, RecursionError) as exc:
+            finish(i, False, f"unusable test inputs: {exc}")
+            continue
         if not inputs:  # a problem without tests cannot be verified: it scores 0
-            item.done, item.result = True, _result(False)
-    pending = sum(not item.done for item in items)
+            finish(i, False, "no tests")
+            continue
+        item.job = sandbox.submit(build_program(p, item.code), inputs, output_caps=caps, sink=sink, tag=("test", i),
+                                  **limits)
     if batch_timeout_s is None:
-        rounds = math.ceil(max(pending, 1) / cfg.slots)
+        rounds = math.ceil(max(pending[0], 1) / cfg.slots)
         batch_timeout_s = (problem_timeout_s or cfg.problem_timeout_s) * rounds + 30.0
+        if any(it.problem.kind == "script" for it in items if not it.done):
+            batch_timeout_s += 2 * (test_timeout_s or cfg.test_timeout_s) * rounds + (problem_timeout_s or cfg.problem_timeout_s)
     end = time.monotonic() + batch_timeout_s
     received = [0] * n
-    while pending:
+    while pending[0]:
         try:
-            i, idx, res = sink.get(timeout=max(0.0, end - time.monotonic()))
+            (stage, ref), idx, res = sink.get(timeout=max(0.0, end - time.monotonic()))
         except queue.Empty:
             break
+        if stage == "extract":
+            extract_jobs.pop(ref, None)
+            plan, keep = read_plan(res)
+            if keep:
+                _cache_plan(ref, plan, len(res.stdout))
+            for i in extracting.pop(ref, []):
+                items[i].plan = plan
+                try:
+                    start_answer(i)
+                except Exception as exc:  # noqa: BLE001 - e.g. an answer that cannot be put in a program
+                    finish(i, False, f"judge error: {type(exc).__name__}")
+            continue
+        i = ref
         item = items[i]
         received[i] += 1
         if item.done:
             continue
-        total = len(item.selected)
-        if idx >= 0 and _judge(item, idx, res, float_tol):
-            item.passed += 1
-            if item.passed == total:
-                item.done, item.result = True, _result(True, passed=total, total=total)
-                pending -= 1
-            continue
-        # First failure decides: stop the problem's other tests.
-        if res.status == "skipped" and received[i] < total:
-            continue  # a sibling's failure (reported separately) stopped this one; wait for that report
-        item.job.cancel()
-        item.done = True
-        item.result = _result(False, timeout=res.status == "timeout", passed=item.passed, total=total,
-                              sandbox_error=res.status == "error")
-        pending -= 1
-    for item in items:
+        try:
+            if stage == "test":
+                total = len(item.selected)
+                reason = _judge_test(item, idx, res, float_tol) if idx >= 0 else _run_reason(res) or "sandbox error"
+                if not reason:
+                    item.passed += 1
+                    if item.passed == total:
+                        finish(i, True)
+                    continue
+                # First failure decides: stop the problem's other tests.
+                if res.status == "skipped" and received[i] < total:
+                    continue  # a sibling's failure (reported separately) stopped this one; wait for that report
+                finish(i, False, reason, timeout=res.status == "timeout", sandbox_error=res.status == "error")
+            elif stage == "answer":
+                if not res.exited_ok:
+                    finish(i, False, _run_reason(res) or "failed", timeout=res.status == "timeout",
+                           sandbox_error=res.status == "error")
+                    continue
+                results = read_results(res.stdout, len(item.plan.calls))
+                reason = judge_script(item.plan, results)
+                if reason or not item.plan.sites:
+                    finish(i, not reason, reason)
+                    continue
+                replay = json.dumps({"mode": "replay", "prompt": item.problem.prompt, "test": item.problem.test_code,
+                                     "entry": item.problem.entry_point,
+                                     "outputs": [[c, r[1]] for c, r in zip(item.plan.calls, results)]})
+                lim = problem_timeout_s or cfg.problem_timeout_s
+                item.job = sandbox.submit(EXTRACTOR, [replay], output_caps=[RESULT_CAP_BASE], sink=sink,
+                                          tag=("replay", i), test_timeout_s=lim, problem_timeout_s=lim,
+                                          memory_mb=memory_mb)
+            elif stage == "replay":
+                if not res.exited_ok:
+                    finish(i, False, "replay of the test failed: " + (_run_reason(res) or "failed"),
+                           timeout=res.status == "timeout", sandbox_error=res.status == "error")
+                    continue
+                text = res.stdout.decode("utf-8", errors="replace").rstrip()
+                verdict = json.loads(text[text.rfind("\n") + 1:])
+                ok = type(verdict) is dict and verdict.get("ok") is True
+                finish(i, ok, "" if ok else str(verdict.get("error", "replay failed"))[:300])
+        except Exception as exc:  # noqa: BLE001 - a hostile output must cost its item, never the batch
+            finish(i, False, f"unreadable result: {type(exc).__name__}: {str(exc)[:200]}")
+    for job in extract_jobs.values():
+        job.cancel()
+    for i, item in enumerate(items):
         if not item.done:
-            item.job.cancel()
-            item.result = _result(False, timeout=True, passed=item.passed, total=len(item.selected))
-    return [item.result for item in items]
+            finish(i, False, "batch time limit reached", timeout=True)
+    return [{**item.result, "isolation": sandbox.isolation} for item in items]
 
 
 def compute_code_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs) -> list[dict]:
@@ -429,13 +638,14 @@ def compute_code_score(data_source, solution_str, ground_truth, extra_info=None,
     """verl's custom-reward signature: one answer; thread-safe (verl's reward loop calls it from threads).
 
     Keyword arguments (``reward_kwargs``): ``max_tests`` (15), ``test_timeout_s``, ``problem_timeout_s``,
-    ``memory_mb`` (default: :class:`SandboxConfig`), ``require_think``, ``float_tol``, ``sandbox``.
-    Returns ``score`` (1.0 / 0.0), ``acc``, ``format_error`` (no code block, or truncated thought),
-    ``timeout``, ``passed`` / ``total`` (tests passed before stopping / tests selected), ``sandbox_error``.
+    ``memory_mb`` (default: :class:`SandboxConfig`), ``require_think``, ``float_tol``, ``humaneval_replay``
+    (True), ``sandbox``. Returns ``score`` (1.0 / 0.0), ``acc``, ``format_error`` (no code block, or
+    truncated thought), ``timeout``, ``passed`` / ``total`` (tests passed before stopping / tests selected;
+    a HumanEval test program counts as one), ``sandbox_error``, ``reason`` (``""`` when passed).
     """
     return score_code_batch([solution_str], [ground_truth], [extra_info], **kwargs)[0]
 
 
-__all__ = ["CODE_SOURCES", "RESULT_KEYS", "CodeProblem", "build_program", "compute_code_score",
-           "compute_code_score_batch", "extract_code", "parse_tests", "score_code_batch", "select_tests",
-           "stdout_matches", "values_match"]
+__all__ = ["CODE_SOURCES", "RESULT_KEYS", "CodeProblem", "Plan", "build_program", "check_passes",
+           "compute_code_score", "compute_code_score_batch", "extract_code", "fenced_blocks", "parse_tests",
+           "read_results", "score_code_batch", "select_tests", "stdout_matches", "values_match"]

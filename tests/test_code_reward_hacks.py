@@ -1,0 +1,463 @@
+"""Reward hacks against the code scorer, by class, each with several hand-written variants.
+
+1. HumanEval answers must not reach the harness: nothing of the test code, expected values or tokens is in
+   the answer's process, whatever it calls, reads, walks or shadows (leak probes return the right value
+   only if they find such a thing, so a leak shows as a pass).
+2. Integers are exact (no float tolerance where an integer is expected; bool is not int), on every path.
+3. The scorer never raises: malformed and hostile outputs through stdin/stdout, function-call and HumanEval
+   are each a score of 0 with a reason.
+4. Parent-side parsing is linear: counted work, not timed (timings are in ``recipe/bench_code_parse.py``).
+6. Output caps for HumanEval are what the judge needs; the answer's prints do not count against them.
+
+Parser tests need no sandbox; the others skip where bubblewrap cannot work.
+"""
+
+import json
+import random
+import re
+
+import pytest
+
+from gapo.rewards import code as C
+from gapo.rewards import code_compare as CC  # the parent-side comparisons
+from gapo.rewards.code import (
+    NUM_TOKEN_MAX,
+    check_passes,
+    compute_code_score,
+    extract_code,
+    fenced_blocks,
+    read_results,
+    score_code_batch,
+    stdout_matches,
+    values_match,
+)
+from gapo.rewards.sandbox import SandboxConfig
+from tests.conftest import started_sandbox
+
+
+def _fence(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = started_sandbox(SandboxConfig(test_timeout_s=3.0, problem_timeout_s=8.0, memory_mb=512))
+    yield sandbox
+    sandbox.close()
+
+
+def _score_all(box, answers, gt, **kw):
+    out = score_code_batch([_fence(a) for a in answers], [gt] * len(answers), sandbox=box, **kw)
+    for r in out:
+        assert set(C.RESULT_KEYS) <= set(r), r
+        assert isinstance(r["reason"], str) and (r["reason"] == "") == (r["score"] == 1.0), r
+    return out
+
+
+# ----- 1. HumanEval: the answer's process holds nothing of the judge ---------------------------------
+# f(x) = 7919 x + 104729: the expected values 128486 and 144324 appear only in the test code.
+SECRET = {"prompt": 'def f(x):\n    """Return 7919 * x + 104729."""\n',
+          "test": "METADATA = {}\n\ndef check(candidate):\n    assert candidate(3) == 128486\n"
+                  "    assert candidate(5) == 144324, 'second'\n",
+          "entry_point": "f"}
+RIGHT = "def f(x):\n    return 7919 * x + 104729\n"
+# Each probe defines found() -> bool; the answer is right only if found() is true.
+PROBE = "def f(x):\n    return 7919 * x + 104729 if found() else -1\n"
+# Built at run time (constant folding would put them in the probe's own code constants).
+SECRETS = ("_secret_ints = (int('3') * 7919 + 104729, int('5') * 7919 + 104729)\n"
+           "_secret_strs = tuple(map(str, _secret_ints))\n_needle = ''.join(['assert', ' cand'])\n")
+LEAK_PROBES = {
+    "program_file_has_test_or_expected": (
+        "def found():\n    src = open('/main.py').read()\n"
+        "    return any(s in src for s in _secret_strs) or ('def ' + 'check') in src or ('cand' + 'idate') in src\n"),
+    "stdin_and_proc_files": (
+        "import os, sys\ndef found():\n    blobs = [sys.stdin.read()]\n"
+        "    for p in ('/proc/self/cmdline', '/proc/self/environ', '/proc/1/cmdline', '/proc/1/environ'):\n"
+        "        try:\n            blobs.append(open(p, 'rb').read().decode('latin-1'))\n"
+        "        except OSError:\n            pass\n"
+        "    for fd in range(3, 64):\n        try:\n            blobs.append(os.pread(fd, 1 << 20, 0).decode('latin-1'))\n"
+        "        except OSError:\n            pass\n"
+        "    return any(s in b for b in blobs for s in _secret_strs)\n"),
+    "files_anywhere": (
+        "import os\ndef found():\n"
+        "    for top in ('/tmp', '/dev/shm', '/run', '/var/tmp', '/'):\n"
+        "        for root, dirs, files in os.walk(top):\n"
+        "            dirs[:] = [d for d in dirs if d not in ('proc', 'sys', 'usr', 'dev')]\n"
+        "            for name in files:\n"
+        "                try:\n                    data = open(os.path.join(root, name), 'rb').read(1 << 20)\n"
+        "                except OSError:\n                    continue\n"
+        "                if any(s.encode() in data for s in _secret_strs):\n                    return True\n"
+        "    return False\n"),
+    "gc_containers": (
+        "import gc\ndef found():\n    for o in gc.get_objects():\n        try:\n"
+        "            if isinstance(o, dict):\n                vals = list(o.values())\n"
+        "            elif isinstance(o, (list, tuple, set, frozenset)):\n                vals = list(o)\n"
+        "            else:\n                continue\n"
+        "            if o is _secret_ints or o is _secret_strs or o is globals():\n                continue\n"
+        "            for v in vals:\n"
+        "                if (type(v) is int and v in _secret_ints) or (type(v) is str and _needle in v):\n"
+        "                    return True\n"
+        "        except Exception:\n            pass\n    return False\n"),
+    "caller_frames_and_code_constants": (
+        "import sys\ndef found():\n    frames = list(sys._current_frames().values()) + [sys._getframe()]\n"
+        "    for f in frames:\n        while f is not None:\n"
+        "            if f.f_code.co_filename != '<solution>':\n"
+        "                vals = list(f.f_globals.values()) + list(f.f_code.co_consts)\n"
+        "                if any(type(v) is int and v in _secret_ints for v in vals):\n                    return True\n"
+        "                for v in f.f_globals.values():\n"
+        "                    code = getattr(v, '__code__', None)\n"
+        "                    if code is not None and any(type(c) is int and c in _secret_ints for c in code.co_consts):\n"
+        "                        return True\n"
+        "            f = f.f_back\n    return False\n"),
+    "main_module_and_sys_modules": (
+        "import sys\ndef found():\n    for mod in list(sys.modules.values()):\n"
+        "        for name, v in list(vars(mod).items()):\n"
+        "            if (mod.__name__ in ('__main__', 'builtins') and name in ('check', '_g_emit', '_g_guard')\n"
+        "                    or (type(v) is int and v in _secret_ints)):\n"
+        "                return True\n    return False\n"),
+}
+HARNESS_ATTACKS = {
+    "old_token_emitter_at_module_level": "_g_emit()\n" + RIGHT.replace("104729", "1"),
+    "call_every_harness_global": (
+        "import sys\nfor _name, _v in list(vars(sys.modules['__main__']).items()):\n"
+        "    if callable(_v) and _name.startswith('_g'):\n        try:\n            _v()\n"
+        "        except BaseException:\n            pass\ndef f(x):\n    return 0\n"),
+    "read_expected_values_from_own_file": (
+        "import re\n_table = {}\nfor _m in re.finditer(r'candidate\\((.*?)\\) == (\\d+)', open('/main.py').read()):\n"
+        "    _table[_m.group(1)] = int(_m.group(2))\ndef f(x):\n    return _table.get(str(x), 0)\n"),
+    "shadow_builtins_the_old_guard_used": (
+        "import builtins\nbuiltins.isinstance = lambda *a: True\nbuiltins.type = lambda *a: int\n"
+        "builtins.any = lambda *a: False\nbuiltins.all = lambda *a: True\ndef f(x):\n    return 0\n"),
+    "shadow_any_then_eq_object": (
+        "import builtins\nbuiltins.any = lambda *a: True\nclass A:\n    def __eq__(self, o):\n        return True\n"
+        "def f(x):\n    return A()\n"),
+    "patch_json_to_report_equal_values": (
+        "import json\njson.dumps = lambda *a, **k: '[[0, 1], [0, 1]]'\ndef f(x):\n    return 1\n"),
+    "patch_the_runner_encoder": (
+        "import sys\nsys.modules['__main__']._g_enc = lambda x, _d=0: 128486\ndef f(x):\n    return 0\n"),
+    "forge_result_line_then_exit": (
+        "import os, sys\nos.write(sys.modules['__main__']._g_fd, b'\\n[[0,1],[0,2]]\\n')\nos._exit(0)\n"),
+    "exit_zero_before_results": "import sys\nsys.exit(0)\n",
+    "atexit_and_print_markers": (
+        "import atexit, os\natexit.register(lambda: (print('__gapo_result_x__[128486]'), os._exit(0)))\n"
+        "print('OK')\ndef f(x):\n    raise SystemExit(0)\n"),
+    "eq_always_true_object": "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n",
+    "int_subclass_eq_true": "class I(int):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return I(0)\n",
+    "str_subclass_and_list_subclass": (
+        "class L(list):\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return L()\n"),
+}
+
+
+def test_secret_problem_is_judged_right(box):
+    assert _score_all(box, [RIGHT, SECRETS + PROBE.replace("found()", "True")], SECRET)[0]["score"] == 1.0
+
+
+@pytest.mark.parametrize("name", sorted(LEAK_PROBES))
+def test_humaneval_answer_process_holds_no_test_code_or_expected_values(box, name):
+    (out,) = _score_all(box, [SECRETS + LEAK_PROBES[name] + PROBE], SECRET)
+    assert out["score"] == 0.0, f"{name}: the answer found the judge's data in its process"
+    assert "wrong answer" in out["reason"]
+
+
+@pytest.mark.parametrize("name", sorted(HARNESS_ATTACKS))
+def test_humaneval_harness_cheats_fail(box, name):
+    out = _score_all(box, [HARNESS_ATTACKS[name]] * 3, SECRET)
+    assert [r["score"] for r in out] == [0.0] * 3, out
+
+
+# The same classes against the other HumanEval assert shapes (tolerance, truthiness, HumanEval+ and replay).
+SHAPES = {
+    "close": ({"prompt": "def g(x):\n", "entry_point": "g",
+               "test": "def check(candidate):\n    assert abs(candidate(1.5) - 0.75) < 1e-6\n    assert abs(2.0 - candidate(4.0)) <= 1e-9\n"},
+              "def g(x):\n    return x / 2\n"),
+    "truthy": ({"prompt": "def g(x):\n", "entry_point": "g",
+                "test": "def check(candidate):\n    assert candidate(2)\n    assert not candidate(3)\n    assert candidate(4) is True\n"},
+               "def g(x):\n    return x % 2 == 0\n"),
+    "plus": ({"prompt": "def g(x):\n", "entry_point": "g",
+              "test": ("import numpy as np\n\ndef is_floats(x) -> bool:\n    if isinstance(x, float):\n        return True\n"
+                       "    if isinstance(x, (list, tuple)):\n        return all(isinstance(i, float) for i in x)\n"
+                       "    if isinstance(x, np.ndarray):\n        return x.dtype == np.float64 or x.dtype == np.float32\n"
+                       "    return False\n\n\ndef assertion(out, exp, atol):\n    exact_match = out == exp\n\n"
+                       "    if atol == 0 and is_floats(exp):\n        atol = 1e-6\n    if not exact_match and atol != 0:\n"
+                       "        np.testing.assert_allclose(out, exp, atol=atol)\n    else:\n        assert exact_match\n\n\n"
+                       "def check(candidate):\n    inputs = [[1], [2], [10]]\n    results = [[0.5], [0.5, 1.0], [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0]]\n"
+                       "    for i, (inp, exp) in enumerate(zip(inputs, results)):\n        assertion(candidate(*inp), exp, 0)\n\n\ncheck(g)\n")},
+             "def g(n):\n    return [k / 2 for k in range(1, n + 1)]\n"),
+    "replay": ({"prompt": "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\ndef root(xs):\n",
+                "entry_point": "root",
+                "test": ("import random\n\ndef check(candidate):\n    rng = random.Random(1)\n    for _ in range(5):\n"
+                         "        xs = [rng.randint(1, 9), rng.randint(1, 9)]\n        sol = candidate(list(xs))\n"
+                         "        assert abs(poly(xs, sol)) < 1e-6\n")},
+               "def root(xs):\n    return -xs[0] / xs[1]\n"),
+}
+SHAPE_CHEATS = {
+    "nan_answer": "def {fn}(*a):\n    return float('nan')\n",
+    "bool_answer": "def {fn}(*a):\n    return True\n",
+    "eq_object": "class A:\n    def __eq__(self, o):\n        return True\n    __lt__ = __le__ = __sub__ = __rsub__ = __abs__ = lambda *a: 0\ndef {fn}(*a):\n    return A()\n",
+    "float_subclass": "class F(float):\n    def __eq__(self, o):\n        return True\n    def __sub__(self, o):\n        return 0.0\ndef {fn}(*a):\n    return F(123.0)\n",
+    "old_emitter": "_g_emit()\ndef {fn}(*a):\n    return 0\n",
+    "exit_before": "import os\nos._exit(0)\n",
+    "forge": "import os, sys\nos.write(sys.modules['__main__']._g_fd, b'\\n[[0,0]]\\n')\nos._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_other_assert_shapes_right_passes_cheats_fail(box, shape):
+    gt, right = SHAPES[shape]
+    fn = gt["entry_point"]
+    cheats = [c.format(fn=fn) for c in SHAPE_CHEATS.values()]
+    out = _score_all(box, [right] + cheats, gt)
+    assert out[0]["score"] == 1.0, out[0]
+    assert [r["score"] for r in out[1:]] == [0.0] * len(cheats), [(n, r["reason"]) for n, r in zip(SHAPE_CHEATS, out[1:])]
+
+
+def test_answer_cannot_redefine_prompt_helpers_the_test_uses(box):
+    """HumanEval/32 and /38 style: the test computes with helpers from the prompt (poly, encode). The answer
+    redefining them (poly -> 0, encode -> identity) passed when the test ran in the answer's process."""
+    gt_poly, right_poly = SHAPES["replay"]
+    cyclic = {"prompt": "def encode(s):\n    return s[1:] + s[:1]\n\n\ndef decode(s):\n    \"\"\"Invert encode.\"\"\"\n",
+              "entry_point": "decode",
+              "test": ("from random import Random\n\ndef check(candidate):\n    rng = Random(3)\n    for _ in range(20):\n"
+                       "        s = ''.join(rng.choice('abcdef') for _ in range(rng.randint(2, 9)))\n"
+                       "        assert candidate(encode(s)) == s\n")}
+    cases = [
+        (gt_poly, right_poly, ["def poly(xs, x):\n    return 0\ndef root(xs):\n    return 0\n",
+                               "import builtins\nbuiltins.poly = lambda *a: 0\ndef root(xs):\n    return 0\n",
+                               "import math\nmath.fabs = lambda x: 0.0\nabs = lambda x: 0\ndef root(xs):\n    return 0\n"]),
+        (cyclic, "def decode(s):\n    return s[-1:] + s[:-1]\n", ["def encode(s):\n    return s\ndef decode(s):\n    return s\n",
+                                                                "    return s\n"]),
+    ]
+    for gt, right, cheats in cases:
+        out = _score_all(box, [right] + cheats, gt)
+        assert [r["score"] for r in out] == [1.0] + [0.0] * len(cheats), [r["reason"] for r in out]
+
+
+def test_test_code_that_cannot_be_judged_scores_zero_with_a_reason(box):
+    cases = {
+        "catches exceptions": "def check(candidate):\n    try:\n        candidate(1)\n    except ValueError:\n        pass\n",
+        "branches on the answer": "def check(candidate):\n    if candidate(1):\n        assert True\n",
+        "never calls candidate": "def check(candidate):\n    assert True\n",
+        "no check": "def test(candidate):\n    assert candidate(1) == 1\n",
+    }
+    for why, test in cases.items():
+        (out,) = _score_all(box, ["def g(x):\n    return 1\n"], {"prompt": "", "test": test, "entry_point": "g"})
+        assert out["score"] == 0.0 and out["reason"], (why, out)
+
+
+def test_replay_can_be_refused(box):
+    gt, right = SHAPES["replay"]
+    (out,) = _score_all(box, [right], gt, humaneval_replay=False)
+    assert out["score"] == 0.0 and "replay" in out["reason"]
+
+
+# ----- 2. integers are exact, bool is not int --------------------------------------------------------
+def test_integers_exact_on_stdin_stdout(box):
+    gt = json.dumps({"inputs": ["\n"], "outputs": ["999999999\n"]})
+    wrong = ["print('999999000.0')\n", "print(999999999.0000001)\n", "print('1e9')\n", "print(999999998.9999999)\n",
+             "print('999999999.5')\n", "print(True)\n"]
+    out = _score_all(box, ["print(999999999)\n", "print('999999999.000')\n"] + wrong, gt)
+    assert [r["score"] for r in out] == [1.0, 1.0] + [0.0] * len(wrong)
+    gt_big = json.dumps({"inputs": ["\n"], "outputs": [str(10 ** 18) + "\n"]})
+    out = _score_all(box, ["print(10 ** 18)\n", "print(1e18)\n", "print(float(10 ** 18))\n", "print(10 ** 18 + 1)\n"], gt_big)
+    assert [r["score"] for r in out] == [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("want", "right", "wrong"), [
+    ([1], "1", ["True", "1.0000001", "[True]", "'1'"]),
+    (999999999, "999999999", ["999999000.0", "999999999.0000001", "True"]),
+    (True, "True", ["1", "1.0", "[True]"]),
+    (0, "0", ["False", "None", "0.0000001"]),
+    ([[1, 0]], "[1, 0]", ["[True, False]", "(1, False)"]),
+])
+def test_integers_exact_on_function_calls(box, want, right, wrong):
+    gt = json.dumps([{"type": "function_call", "fn_name": "f", "input": [], "output": want}])
+    out = _score_all(box, [f"def f():\n    return {v}\n" for v in [right] + wrong], gt)
+    assert [r["score"] for r in out] == [1.0] + [0.0] * len(wrong), [(v, r["reason"]) for v, r in zip(wrong, out[1:])]
+
+
+def test_integers_exact_on_humaneval(box):
+    gt = {"prompt": "", "entry_point": "f",
+          "test": "def check(candidate):\n    assert candidate(1) == 999999999\n    assert candidate(2) == True\n"}
+    out = _score_all(box, ["def f(x):\n    return 999999999 if x == 1 else True\n",
+                           "def f(x):\n    return 999999000.0 if x == 1 else True\n",
+                           "def f(x):\n    return 999999999 if x == 1 else 1\n",
+                           "def f(x):\n    return True if x == 1 else True\n"], gt)
+    assert [r["score"] for r in out] == [1.0, 0.0, 0.0, 0.0]
+
+
+# ----- 3. hostile outputs never raise ----------------------------------------------------------------
+RAW = "import os, sys\nos.write(sys.modules['__main__']._g_fd, {payload!r})\nos._exit(0)\n"
+JSON_PATCH = "import json\njson.dumps = lambda *a, **k: {text!r}\n"
+HOSTILE_RESULTS = [
+    b"\n" + b"[" * 200000 + b"]" * 200000 + b"\n",
+    b"\n[[0," + b"1" * 5000 + b"]]\n",  # past the int-digits limit of json.loads
+    b"\n[[0,NaN]]\n", b"\n[[0,Infinity]]\n", b"\n[[0,1e999]]\n",
+    b'\n[[0,{"i":"zz"}]]\n', b'\n[[0,{"q":1}]]\n', b'\n[[0,{"d":"x"}]]\n', b'\n[[0,{"d":[[1]]}]]\n',
+    b'\n[[0,{"s":[[1],[2]]}]]\n', b'\n[[0,{"t":5}]]\n', b'\n[[0,{"c":["a",1]}]]\n', b'\n[[0,{"i":5}]]\n',
+    b'\n[[0,{"b":"zz"}]]\n', b'\n[[0,{"t":[1],"s":[1]}]]\n', b'\n[[0,{"f":"1.5"}]]\n',
+    b"\n[]\n", b"\n{}\n", b"\nnull\n", b"\n[[2,1]]\n", b"\n[[0]]\n", b"\n[[true,5]]\n", b"\n[[0,5],[0,5]]\n",
+    b"\n[[1,{}]]\n", b"\xff\xfe\x00\n[[0,\xff]]\n", b"", b"\n" * 1000, b"\n[[0," + b'"' + b"a" * 100000 + b"\n",
+    b'\n[[0,{"i":"0x' + b"f" * 100000 + b'"}]]\n', b'\n[[0,' + b"[" * 150 + b"5" + b"]" * 150 + b"]]\n",
+]
+
+
+def test_hostile_results_on_function_calls_score_zero(box):
+    gt = json.dumps([{"type": "function_call", "fn_name": "f", "input": [2], "output": [5]}])
+    answers = [RAW.format(payload=p) for p in HOSTILE_RESULTS]
+    answers += [JSON_PATCH.format(text=t.decode("latin-1")) + "def f(x):\n    return 5\n"
+                for t in HOSTILE_RESULTS if b"\n" not in t.strip(b"\n")]
+    out = _score_all(box, answers, gt)
+    assert [r["score"] for r in out] == [0.0] * len(answers), [r["reason"] for r in out]
+
+
+def test_hostile_results_on_humaneval_score_zero(box):
+    gt = {"prompt": "", "entry_point": "f", "test": "def check(candidate):\n    assert candidate(2) == 5\n"}
+    sets = {"prompt": "", "entry_point": "f",
+            "test": "def check(candidate):\n    assert candidate(2) == {1, 2}\n    assert candidate(3) == {'a': (1,)}\n"}
+    answers = [RAW.format(payload=p) for p in HOSTILE_RESULTS]
+    for g in (gt, sets):
+        out = _score_all(box, answers, g)
+        assert [r["score"] for r in out] == [0.0] * len(answers), [r["reason"] for r in out]
+    # colliding hashes in a returned set: compared by lookups in the expected set, not by hashing into a new one
+    collide = ("import os, sys\np = (1 << 61) - 1\nos.write(sys.modules['__main__']._g_fd, ('\\n[[0,{\"s\":['\n"
+               "    + ','.join(str(k * p) for k in range(1, 20001)) + ']}],[0,{\"d\":[]}]]\\n').encode())\nos._exit(0)\n")
+    right = "def f(x):\n    return {1, 2} if x == 2 else {'a': (1,)}\n"
+    assert [r["score"] for r in _score_all(box, [right, collide], sets)] == [1.0, 0.0]
+
+
+def test_hostile_stdout_on_stdin_problems_scores_zero(box):
+    gt_int = json.dumps({"inputs": ["\n"], "outputs": ["5\n"]})
+    gt_float = json.dumps({"inputs": ["\n"], "outputs": ["1.5\n"]})
+    prints = ["print('1' * 4301)\n", "print('1' * 16000 + 'x')\n", "print('1' * 100000 + '.5')\n",
+              "print('nan')\n", "print('inf')\n", "print('1e999999')\n", "print('-' * 5000)\n",
+              "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe\\x00' * 1000)\n", "print('\\r' * 100000)\n",
+              "print('5' * 400 + 'e' + '9' * 400)\n", "print('0.' + '0' * 100000 + '1')\n"]
+    for gt in (gt_int, gt_float):
+        out = _score_all(box, prints, gt)
+        assert [r["score"] for r in out] == [0.0] * len(prints), [r["reason"] for r in out]
+    big = json.dumps({"inputs": ["\n"], "outputs": ["9" * 5000 + "\n"]})
+    out = _score_all(box, ["print('9' * 5000)\n", "print('9' * 5000 + '.0')\n", "print('9' * 4999 + '8')\n"], big)
+    assert [r["score"] for r in out] == [1.0, 1.0, 0.0]
+
+
+def test_parent_side_judges_never_raise_on_garbage():
+    # The pure functions the batch loop calls, on values no sandboxed program should be able to produce.
+    for payload in HOSTILE_RESULTS + [b"\n[[0," + b"[" * 5000 + b"]" * 5000 + b"]]\n"]:
+        try:
+            items = read_results(payload, 1)
+        except ValueError:
+            continue
+        for check in (["eq", 0, 1, 5, ""], ["eq", 0, 1, frozenset({1}), ""], ["close", 0, 1, 1.0, 1e-6, True],
+                      ["plus", 0, 1, [1.0], 1e-6, "allclose"], ["is", 0, 1, True]):
+            try:
+                got = C._untag(items[0][1], False)
+            except ValueError:
+                break
+            assert check_passes(check, got) in (True, False)
+            assert values_match(got, [5]) in (True, False)
+    assert stdout_matches("1" * 4301, "5") is False
+    assert stdout_matches("1" * 5000, "1" * 5000) is True
+
+
+# ----- 4. linear parsing (work counted, not timed) ---------------------------------------------------
+class CountingStr(str):
+    """A str whose ``find`` counts the characters it scans."""
+
+    def find(self, sub, start=0, end=None):
+        end = len(self) if end is None else end
+        hit = str.find(self, sub, start, end)
+        self.work = getattr(self, "work", 0) + ((hit + len(sub)) if hit >= 0 else end) - start
+        return hit
+
+
+FENCE_ADVERSARIAL = {
+    "fence_no_newline": "```python " * 20000,
+    "fences_only": "```" * 40000,
+    "backticks": "`" * 100000,
+    "open_unclosed": "```python\n" + "x" * 100000,
+    "many_blocks": "```python\nprint(1)\n```\n" * 5000,
+    "long_info_lines": ("```" + "python" * 1000 + "\n```") * 50,
+    "newlines_between": "```\n" * 30000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(FENCE_ADVERSARIAL))
+def test_fence_scanner_work_is_linear(name):
+    text = CountingStr(FENCE_ADVERSARIAL[name])
+    fenced_blocks(text)
+    assert getattr(text, "work", 0) <= 3 * len(text) + 10, (name, text.work, len(text))
+
+
+OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.#-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def test_fence_scanner_reads_like_the_old_regex():
+    rng = random.Random(0)
+    alphabet = ["`", "```", "\n", "python", " ", "\t", "py", "cpp", "x", "#", "<think>", "</think>"]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
+        assert fenced_blocks(text) == OLD_FENCE.findall(text), text
+    assert extract_code("```python " * 20000) is None
+
+
+def test_numeric_tokens_reach_float_and_regex_only_when_short(monkeypatch):
+    seen = []
+
+    class Recorder:
+        def __init__(self, pattern):
+            self.pattern = pattern
+
+        def fullmatch(self, s):
+            seen.append(len(s))
+            return self.pattern.fullmatch(s)
+
+    monkeypatch.setattr(CC, "_NUMBER", Recorder(CC._NUMBER))
+    monkeypatch.setattr(CC, "float", lambda s: seen.append(len(s)) or float(s), raising=False)
+    for got, want in [("1" * 16000 + "x", "5"), ("1" * 16000 + "x", "1.5"), ("1" * 100000 + ".5", "1.5"),
+                      ("1.5", "1" * 100000 + ".5"), ("0." + "0" * 50000 + "1", "0.0"), ("1.50", "1.5")]:
+        assert stdout_matches(got, want) in (True, False)
+    assert seen and max(seen) <= NUM_TOKEN_MAX
+
+
+def test_integer_tokens_compare_without_int_conversion(monkeypatch):
+    monkeypatch.setattr(CC, "int", lambda *a: pytest.fail("int() on an output token"), raising=False)
+    assert stdout_matches("1" * 100000, "1" * 100000 + " ") is True
+    assert stdout_matches("1" * 100000 + "2", "1" * 100001) is False
+    assert stdout_matches("+000" + "7" * 9000, "7" * 9000) is True
+
+
+# ----- 6. output caps --------------------------------------------------------------------------------
+def test_humaneval_output_caps_are_what_the_judge_needs(box, monkeypatch):
+    caps = []
+    real_submit = box.submit
+
+    def submit(program, inputs, **kw):
+        if kw.get("tag", ("",))[0] in ("answer", "test", "replay"):
+            caps.extend(kw["output_caps"])
+        return real_submit(program, inputs, **kw)
+
+    monkeypatch.setattr(box, "submit", submit)
+    gt = {"prompt": "", "entry_point": "f", "test": "def check(candidate):\n    assert candidate(2) == 5\n"}
+    prints = "def f(x):\n    for _ in range(200):\n        print('y' * 40000)\n    return x + 3\n"  # 8 MB of prints
+    flood = "import sys, os\nfor _ in range(200):\n    os.write(sys.modules['__main__']._g_fd, b'[' * 40000)\ndef f(x):\n    return 5\n"
+    out = _score_all(box, [prints, flood, "def f(x):\n    return x + 3\n"], gt)
+    assert [r["score"] for r in out] == [1.0, 0.0, 1.0]
+    assert out[1]["reason"] == "output limit exceeded"
+    assert caps and max(caps) <= 1 << 20, caps
+    call_gt = json.dumps([{"type": "function_call", "fn_name": "f", "input": [2], "output": [5]}])
+    caps.clear()
+    out = _score_all(box, [prints], call_gt)
+    assert out[0]["score"] == 1.0 and max(caps) <= 1 << 20
+
+
+def test_scores_come_back_for_every_item_with_reasons(box):
+    gt = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
+    out = compute_code_score("taco", "no code here", gt, sandbox=box)
+    assert out["score"] == 0.0 and out["format_error"] and "code block" in out["reason"]
+    out = compute_code_score("taco", "<think>still thinking", gt, sandbox=box)
+    assert out["format_error"] and "think" in out["reason"]
+    out = compute_code_score("taco", _fence("while True: pass\n"), gt, sandbox=box, test_timeout_s=0.3)
+    assert out["timeout"] and out["reason"] == "timeout"
+    out = compute_code_score("taco", _fence("raise KeyError(1)\n"), gt, sandbox=box)
+    assert out["reason"] == "runtime error (KeyError)"
+    assert compute_code_score("taco", _fence("print(1)\n"), gt, sandbox=box)["reason"] == ""
