@@ -38,8 +38,6 @@ class SurrogateTerms(NamedTuple):
     loss: torch.Tensor  # (B, T) loss before aggregation (carries the gradient), float32
     ratio: torch.Tensor  # (B, T) importance ratio in use, detached (the sequence ratio broadcast at sequence level)
     clipped: torch.Tensor  # (B, T) bool: the clipped branch is active, so the token's gradient is cut
-    log_ratio: torch.Tensor  # (B, T) token log(pi / pi_old), detached, for KL estimates
-    dual_clipped: torch.Tensor  # (B, T) bool: the dual clip (A < 0, ratio beyond clip_ratio_c) is active
     tokens: torch.Tensor  # (B,) real tokens
     clipped_tokens: torch.Tensor  # (B,) real tokens in the clipped branch
     dual_clipped_tokens: torch.Tensor  # (B,) real tokens under the dual clip
@@ -104,8 +102,6 @@ def sequence_clipped_surrogate(
         loss=loss,
         ratio=ratio.detach(),
         clipped=clipped,
-        log_ratio=log_ratio.detach(),
-        dual_clipped=torch.zeros_like(clipped),
         tokens=tokens,
         clipped_tokens=(clipped * mask).sum(-1),
         dual_clipped_tokens=no_tokens,
@@ -141,8 +137,6 @@ def token_clipped_surrogate(
         loss=torch.where(negative, torch.minimum(loss, dual_bound), loss),
         ratio=ratio.detach(),
         clipped=clipped,
-        log_ratio=log_ratio.detach(),
-        dual_clipped=dual_clipped,
         tokens=mask.sum(-1),
         clipped_tokens=(clipped * mask).sum(-1),
         dual_clipped_tokens=(dual_clipped * mask).sum(-1),

@@ -125,6 +125,17 @@ _G_JOB = _gj.loads(_gs.stdin.read())
 _G_FD = _go.dup(1)
 _go.dup2(2, 1)
 _G_DISCOVER = _G_JOB["mode"] == "discover"
+_G_ASSERTION = """
+def assertion(out, exp, atol):
+    exact_match = out == exp
+
+    if atol == 0 and is_floats(exp):
+        atol = 1e-6
+    if not exact_match and atol != 0:
+        {check}
+    else:
+        assert exact_match
+"""
 _G_PLUS_HELPERS = {
     "is_floats": """
 def is_floats(x) -> bool:
@@ -136,28 +147,9 @@ def is_floats(x) -> bool:
         return x.dtype == np.float64 or x.dtype == np.float32
     return False
 """,
-    "allclose": """
-def assertion(out, exp, atol):
-    exact_match = out == exp
-
-    if atol == 0 and is_floats(exp):
-        atol = 1e-6
-    if not exact_match and atol != 0:
-        assert np.allclose(out, exp, rtol=1e-07, atol=atol)
-    else:
-        assert exact_match
-""",
-    "assert_allclose": """
-def assertion(out, exp, atol):
-    exact_match = out == exp
-
-    if atol == 0 and is_floats(exp):
-        atol = 1e-6
-    if not exact_match and atol != 0:
-        np.testing.assert_allclose(out, exp, atol=atol)
-    else:
-        assert exact_match
-""",
+    # evalplus's two versions of `assertion` differ only in the tolerance check
+    "allclose": _G_ASSERTION.format(check="assert np.allclose(out, exp, rtol=1e-07, atol=atol)"),
+    "assert_allclose": _G_ASSERTION.format(check="np.testing.assert_allclose(out, exp, atol=atol)"),
 }
 
 

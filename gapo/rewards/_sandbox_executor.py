@@ -992,20 +992,25 @@ def detect_cgroups(mode: str, root: str, slots: int, memory_bytes: int, cpus: fl
     return None, "; ".join(notes)
 
 
+def _proc_files(name: str, exclude: int = -1):
+    """(pid, contents of /proc/<pid>/<name>) for every live process but ``exclude`` (vanished ones skipped)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/{name}", "rb") as f:
+                yield int(entry), f.read()
+        except OSError:
+            continue
+
+
 def _children_of(ppid: int) -> list[int]:
     """Pids whose parent is ``ppid`` (zombies included), from ``/proc/*/stat``."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
+    for pid, stat in _proc_files("stat"):
         fields = stat[stat.rfind(b")") + 2:].split()
         if len(fields) > 1 and int(fields[1]) == ppid:
-            found.append(int(entry))
+            found.append(pid)
     return found
 
 
@@ -1041,14 +1046,7 @@ def _tasks_of_uid(uid: int, exclude: int = -1) -> int:
     """Threads of all processes whose real uid is ``uid`` (from ``/proc/*/status``, which, unlike the
     owner of ``/proc/PID``, does not change when a process makes itself non-dumpable)."""
     count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == exclude:
-            continue
-        try:
-            with open(f"/proc/{entry}/status", "rb") as f:
-                status = f.read()
-        except OSError:
-            continue
+    for _, status in _proc_files("status", exclude):
         fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
         if int(fields.get(b"Uid", b"-1").split()[0]) == uid:
             count += int(fields.get(b"Threads", b"1").strip())

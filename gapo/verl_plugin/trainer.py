@@ -49,7 +49,6 @@ from gapo.verl_plugin.validate import validate_gapo_config
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "gapo"
-VERL_SYNC_MODE = SYNC_MODE  # the mode verl's sync code paths test `self.trainer_mode` against
 
 
 @register_trainer(TRAINER_MODE)
@@ -61,7 +60,7 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         # The config is left as the user wrote it (trainer.v1.trainer_mode=gapo: what verl logs and what a second
         # trainer built from it validates); verl's sync semantics come from `_build_replay_buffer` below.
         super().__init__(config)
-        if self.trainer_mode != VERL_SYNC_MODE:  # verl changed the order in PPOTrainer.__init__: fail, not go async
+        if self.trainer_mode != SYNC_MODE:  # verl changed the order in PPOTrainer.__init__: fail, not go async
             raise RuntimeError(
                 f"GAPOTrainer runs verl's sync trainer, but verl's PPOTrainer.__init__ left trainer_mode="
                 f"{self.trainer_mode!r}: GAPOTrainer._build_replay_buffer was not called after it read the mode"
@@ -77,8 +76,8 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         TransferQueue checkpointing and prompt persistence), never the config. Setting the attributes here, as
         verl would have for mode "sync", gives exactly verl's sync trainer without rewriting the config.
         """
-        self.trainer_mode = VERL_SYNC_MODE
-        self.parameter_sync_step = self.config.trainer.v1.get(VERL_SYNC_MODE, {}).get("parameter_sync_step", 1)
+        self.trainer_mode = SYNC_MODE
+        self.parameter_sync_step = self.config.trainer.v1.get(SYNC_MODE, {}).get("parameter_sync_step", 1)
         return super()._build_replay_buffer()
 
     def on_init_end(self):
