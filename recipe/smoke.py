@@ -1,13 +1,18 @@
 """CPU smoke run: train a tiny random model with GAPO through verl's real trainer, then resume from its checkpoint.
 
-    python -m recipe.smoke [--out runs/smoke] [--steps 2] [--resume-steps 1]   (or `make smoke`)
+    python -m recipe.smoke [--out runs/smoke] [--steps 2] [--resume-steps 1] [--rollout hf|vllm]   (or `make smoke`)
 
 1. builds the tiny model/tokenizer and the synthetic task's parquet files under OUT (offline, cached);
 2. trains `--steps` steps with `python -m recipe.main_gapo --config-name smoke_cpu` (Ray, FSDP2 actor, HF
    rollout groups, reward, GAPO loss, a checkpoint every step);
 3. runs again with `--resume-steps` more steps: verl resumes from the latest checkpoint;
 4. checks that the run showed GAPO at work (mixed groups, several thresholds, clipping that binds,
-   thresholds that reached the loss, the resumed run starting after the saved step) and prints a summary.
+   thresholds that reached the loss, the resumed run starting after the saved step, rollout log-probs equal to
+   the actor's in every step, i.e. the new weights reached the rollout engine) and prints a summary.
+`--rollout vllm` uses verl's real vLLM rollout (preset configs/platform/cpu_vllm.yaml; needs the vLLM CPU
+environment, `make smoke ROLLOUT=vllm`). Every run is supervised (gapo.supervisor): a hard wall-clock limit
+(`--timeout`), a rollout server's fatal error ends it within a bounded time, and no process or shared-memory
+segment of it is left.
 Logs: OUT/logs/run{1,2}.log (stdout+stderr) and run{1,2}.jsonl (metrics per step); checkpoints: OUT/checkpoints.
 """
 
@@ -16,16 +21,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from gapo.supervisor import SupervisedRun, SupervisedRunError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # CPU platform for verl (gapo.cpu): selected in the driver and inherited by every Ray worker.
 CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false",
            "RAY_DEDUP_LOGS": "0", "WANDB_MODE": "offline"}
+
+
+# The rollout engines the smoke run can use: hydra overrides that select each (hf: the preset's default).
+ROLLOUT_OVERRIDES = {"hf": [], "vllm": ["platform=cpu_vllm"]}
+# verl's rollout/actor log-prob gap (max over tokens) in every step: fp32 on both sides gives ~1e-8; a rollout
+# engine that kept the old weights (a skipped or failed sync) differs by ~1e-3 or more after one update.
+MAX_ROLLOUT_PROBS_DIFF = 1e-5
+RUN_TIMEOUT_S = 900  # per training run (one run of 2-3 steps takes 1-2 min on 2 cores; vLLM's start adds ~40 s)
 
 
 class SmokeCheckError(RuntimeError):
@@ -53,18 +70,27 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str]) -> 
     return cmd, env, metrics_file, log_file
 
 
-def train(out: Path, run: str, total_steps: int, overrides: list[str]) -> Path:
-    """One training run; returns its metrics file. Raises SmokeCheckError with the log's tail on failure."""
+def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict:
+    """One supervised training run, in its own session and Ray temp dir. Returns {"metrics_file", "wall_s",
+    "peak_pss_bytes"}. Raises SmokeCheckError with the log's tail (or the rollout server's error) on failure."""
     cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides)
+    # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
+    ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
+    cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+    env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
     print(f"[smoke] {run}: {' '.join(cmd[1:])}\n[smoke] log: {log_file}", flush=True)
-    start = time.time()
-    with open(log_file, "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    print(f"[smoke] {run}: exit {proc.returncode} after {time.time() - start:.0f} s", flush=True)
-    if proc.returncode != 0:
+    try:
+        result = SupervisedRun(cmd, env, log_file, cwd=ROOT, timeout_s=timeout_s).wait()
+    except SupervisedRunError as err:
+        raise SmokeCheckError(f"{run} failed: {err}") from None
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    print(f"[smoke] {run}: exit {result.returncode} after {result.wall_s:.0f} s, peak memory of its processes "
+          f"{result.peak_pss_bytes / 2**30:.1f} GiB", flush=True)
+    if result.returncode != 0:
         tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise SmokeCheckError(f"{run} failed (exit {proc.returncode}); last lines of {log_file}:\n{tail}")
-    return metrics_file
+        raise SmokeCheckError(f"{run} failed (exit {result.returncode}); last lines of {log_file}:\n{tail}")
+    return {"metrics_file": metrics_file, "wall_s": result.wall_s, "peak_pss_bytes": result.peak_pss_bytes}
 
 
 def read_metrics(path: Path) -> dict[int, dict]:
@@ -97,12 +123,17 @@ def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps
         problems.append("gapo/loss_eps_high_mean missing: per-rollout thresholds did not reach the loss")
     if not any(v > 0 for m in every.values() for k, v in m.items() if k.startswith("gapo/clipfrac_pos/")):
         problems.append("nothing was ever clipped: raise the learning rate or the number of mini-batches")
+    for step, m in sorted(every.items()):
+        gap = m.get("training/rollout_probs_diff_max")
+        if gap is None or not gap < MAX_ROLLOUT_PROBS_DIFF:
+            problems.append(f"step {step}: rollout/actor log-prob gap training/rollout_probs_diff_max={gap} (must be "
+                            f"< {MAX_ROLLOUT_PROBS_DIFF}): the rollout engine did not sample from the actor's weights")
     if problems:
         raise SmokeCheckError("smoke run did not show GAPO at work:\n- " + "\n- ".join(problems))
 
 
 def summary_lines(metrics: dict[int, dict]) -> list[str]:
-    lines = ["step  reward  mixed  eps_high(min/mean/max)        clipfrac  clipfrac_pos by c"]
+    lines = ["step  reward  mixed  eps_high(min/mean/max)        clipfrac  gen_s  logp_gap  clipfrac_pos by c"]
     for step in sorted(metrics):
         m = metrics[step]
         by_c = {int(k.rsplit("/c", 1)[1]): v for k, v in m.items() if k.startswith("gapo/clipfrac_pos/c")}
@@ -110,21 +141,28 @@ def summary_lines(metrics: dict[int, dict]) -> list[str]:
         lines.append(
             f"{step:>4}  {m.get('critic/score/mean', float('nan')):6.3f}  {m.get('gapo/groups/mixed_frac', float('nan')):5.2f}  "
             f"{m.get('gapo/eps_high/min', float('nan')):.4f}/{m.get('gapo/eps_high/mean', float('nan')):.4f}/"
-            f"{m.get('gapo/eps_high/max', float('nan')):.4f}   {m.get('actor/pg_clipfrac', float('nan')):8.3f}  {per_c}"
+            f"{m.get('gapo/eps_high/max', float('nan')):.4f}   {m.get('actor/pg_clipfrac', float('nan')):8.3f}  "
+            f"{m.get('timing_s/gen', float('nan')):5.2f}  {m.get('training/rollout_probs_diff_max', float('nan')):8.1e}"
+            f"  {per_c}"
         )
     return lines
 
 
-def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[str] | None = None) -> dict:
-    """The whole smoke run; returns {"run1": metrics, "run2": metrics, "ckpt_dir": path}. Raises SmokeCheckError."""
+def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[str] | None = None,
+              rollout: str = "hf", timeout_s: float = RUN_TIMEOUT_S) -> dict:
+    """The whole smoke run; returns {"run1": metrics, "run2": metrics, "ckpt_dir": path, "runs": [per-run wall
+    time and peak memory]}. Raises SmokeCheckError."""
+    if rollout not in ROLLOUT_OVERRIDES:
+        raise SmokeCheckError(f"unknown rollout {rollout!r}: expected one of {sorted(ROLLOUT_OVERRIDES)}")
     out = out.resolve()
-    overrides = list(overrides or [])
+    overrides = [*ROLLOUT_OVERRIDES[rollout], *(overrides or [])]
     prepare(out)
     ckpt_dir = out / "checkpoints"
-    run1 = read_metrics(train(out, "run1", steps, overrides))
-    run2 = read_metrics(train(out, "run2", steps + resume_steps, overrides))
+    first = train(out, "run1", steps, overrides, timeout_s)
+    second = train(out, "run2", steps + resume_steps, overrides, timeout_s)
+    run1, run2 = read_metrics(first["metrics_file"]), read_metrics(second["metrics_file"])
     check(run1, run2, steps, resume_steps, ckpt_dir)
-    return {"run1": run1, "run2": run2, "ckpt_dir": ckpt_dir}
+    return {"run1": run1, "run2": run2, "ckpt_dir": ckpt_dir, "runs": [first, second]}
 
 
 def main(argv=None):
@@ -132,6 +170,11 @@ def main(argv=None):
     parser.add_argument("--out", default="runs/smoke", help="folder for model, data, logs, checkpoints (wiped)")
     parser.add_argument("--steps", type=int, default=2, help="steps of the first run")
     parser.add_argument("--resume-steps", type=int, default=1, help="steps the resumed run adds")
+    parser.add_argument("--rollout", choices=sorted(ROLLOUT_OVERRIDES), default="hf",
+                        help="rollout engine: hf (HF generate, default environment) or vllm (verl's vLLM rollout; "
+                             "needs the vLLM CPU environment: make smoke ROLLOUT=vllm)")
+    parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
+                        help="hard wall-clock limit of each training run, seconds (the run is killed past it)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both runs, e.g. actor_rollout_ref.rollout.n=4")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -139,10 +182,11 @@ def main(argv=None):
         subprocess.run(["rm", "-rf", str(out / stale)], check=True)
     start = time.time()
     try:
-        result = run_smoke(out, args.steps, args.resume_steps, args.overrides)
+        result = run_smoke(out, args.steps, args.resume_steps, args.overrides, args.rollout, args.timeout)
     except SmokeCheckError as err:
         sys.exit(f"[smoke] FAILED: {err}")
-    print(f"\n[smoke] OK in {time.time() - start:.0f} s")
+    peak = max(r["peak_pss_bytes"] for r in result["runs"]) / 2**30
+    print(f"\n[smoke] OK in {time.time() - start:.0f} s (rollout {args.rollout}; peak memory {peak:.1f} GiB)")
     print(f"[smoke] logs: {out.resolve() / 'logs'}\n[smoke] checkpoints: {result['ckpt_dir']}")
     print("\n".join(summary_lines({**result["run1"], **result["run2"]})))
 

@@ -31,7 +31,7 @@ def math_run(tmp_path_factory):
         "actor_rollout_ref.actor.policy_loss.mask_truncated=true",
         "trainer.val_before_train=true", "trainer.save_freq=-1", "trainer.project_name=gapo_math_cpu",
     ]
-    return read_metrics(train(out, "math", 1, overrides))
+    return read_metrics(train(out, "math", 1, overrides)["metrics_file"])
 
 
 @pytest.mark.slow

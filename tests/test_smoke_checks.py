@@ -9,9 +9,11 @@ from recipe.smoke import SmokeCheckError, check
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _step(mixed=0.5, lo=0.03, hi=0.05, clip=0.2, loss_eps=True):
+def _step(mixed=0.5, lo=0.03, hi=0.05, clip=0.2, loss_eps=True, logp_gap=3e-8):
     m = {"gapo/groups/mixed_frac": mixed, "gapo/eps_high/min": lo, "gapo/eps_high/max": hi,
          "gapo/clipfrac_pos/c2": clip}
+    if logp_gap is not None:
+        m["training/rollout_probs_diff_max"] = logp_gap
     if loss_eps:
         m["gapo/loss_eps_high_mean"] = (lo + hi) / 2
     return m
@@ -34,6 +36,9 @@ def test_a_good_run_passes(ckpt):
         (dict(lo=0.05, hi=0.05), "more than one threshold"),
         (dict(clip=0.0), "nothing was ever clipped"),
         (dict(loss_eps=False), "did not reach the loss"),
+        # a rollout engine that kept the old weights: the gap after an update is far above fp32 noise
+        (dict(logp_gap=2e-3), "did not sample from the actor's weights"),
+        (dict(logp_gap=None), "did not sample from the actor's weights"),
     ],
 )
 def test_runs_that_show_nothing_are_rejected(ckpt, bad, message):

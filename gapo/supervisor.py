@@ -1,0 +1,229 @@
+"""Run a training or evaluation command with a hard wall-clock limit, failure detection and a full clean-up.
+
+Why: when verl's rollout server fails (a vLLM engine that dies at start-up or in a weight sync), verl's trainer
+does not exit: the driver waits on Ray for results that never come. A bare ``subprocess.run`` then hangs
+forever, and the run's Ray processes and shared-memory segments outlive it. :class:`SupervisedRun`:
+
+- starts the command in its own session (``setsid``) with a marker variable, so that every process of the run
+  (driver, Ray's GCS and raylet, Ray workers, vLLM engine cores) can be found and nothing else is touched;
+- watches the log for a rollout server's fatal error (:data:`FATAL_PATTERNS`): on a match the run gets
+  ``grace_s`` to exit by itself, then it is killed and :class:`RolloutServerFailed` names the error and quotes
+  the log lines around it;
+- kills the run when ``timeout_s`` passes (:class:`RunTimedOut`);
+- afterwards kills whatever of the run is still alive and removes the shared-memory segments it leaked
+  (created under /dev/shm while it ran, and now held by no living process: vLLM's ``psm_*``, verl's
+  ``verl_weights_*``, ...);
+- samples the peak memory (PSS) of the whole process tree, so runs can be compared.
+
+Used by ``recipe.smoke`` (every training run) and the tests that start runs of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+MARKER_ENV = "GAPO_RUN_MARKER"
+SHM_DIR = Path("/dev/shm")
+
+# A rollout server's errors that verl does not turn into an exit. Each entry: (name, pattern on one log line).
+FATAL_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(pattern)) for name, pattern in (
+    ("vLLM engine failed to start", r"Engine core initialization failed|EngineCore failed to start"),
+    ("vLLM engine died", r"EngineDeadError|EngineCore encountered a fatal error"),
+    ("vLLM weight sync failed", r"Attempted to load weight \(torch\.Size"),
+    ("vLLM rejected the model", r"Unsupported CPU attention configuration|ValueError: .*(?:KV cache|kv_cache)"),
+    ("a Ray actor died", r"ray\.exceptions\.(?:ActorDiedError|RayActorError)|The actor died unexpectedly"),
+))
+
+
+class SupervisedRunError(RuntimeError):
+    """The run did not end normally; the message says why and quotes the log."""
+
+
+class RunTimedOut(SupervisedRunError):
+    pass
+
+
+class RolloutServerFailed(SupervisedRunError):
+    pass
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    wall_s: float
+    peak_pss_bytes: int
+    leaked_shm_removed: list[str] = field(default_factory=list)
+
+
+def _log_context(lines: list[str], index: int, before: int = 5, after: int = 15) -> str:
+    return "".join(lines[max(0, index - before):index + after])
+
+
+def find_fatal_error(text: str) -> tuple[str, str] | None:
+    """(name, log excerpt) of the first fatal rollout-server error in ``text``, or None."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        for name, pattern in FATAL_PATTERNS:
+            if pattern.search(line):
+                return name, _log_context(lines, i)
+    return None
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {p.name for p in SHM_DIR.iterdir()}
+    except OSError:
+        return set()
+
+
+def _segments_in_use() -> set[str]:
+    """Names under /dev/shm that a living process has open or mapped (this user's processes; others are unreadable
+    and count as holding nothing, so only our own segments are ever removed: unlink needs ownership anyway)."""
+    used = set()
+    for proc in psutil.process_iter():
+        try:
+            for f in proc.open_files():
+                if f.path.startswith("/dev/shm/"):
+                    used.add(f.path[len("/dev/shm/"):])
+            with open(f"/proc/{proc.pid}/maps") as maps:
+                for line in maps:
+                    at = line.find("/dev/shm/")
+                    if at >= 0:
+                        used.add(line[at + len("/dev/shm/"):].split()[0])
+        except (psutil.Error, OSError):
+            continue
+    return used
+
+
+class SupervisedRun:
+    """One command in its own session; ``wait()`` enforces the limit, detects failures and cleans up.
+
+    ``log_file`` receives stdout and stderr; ``timeout_s`` is the hard wall-clock limit; ``grace_s`` how long a
+    run with a fatal error in its log may take to exit by itself; ``watch_patterns`` turns failure detection on.
+    """
+
+    def __init__(self, cmd: list[str], env: dict, log_file: Path, *, cwd: Path | str | None = None,
+                 timeout_s: float = 1800, grace_s: float = 30, watch_patterns: bool = True,
+                 sample_memory_s: float | None = 2.0):
+        self.cmd, self.log_file = list(cmd), Path(log_file)
+        self.timeout_s, self.grace_s, self.watch_patterns = timeout_s, grace_s, watch_patterns
+        self.sample_memory_s = sample_memory_s
+        self.token = uuid.uuid4().hex[:16]
+        self.shm_before = _shm_segments()
+        self.peak_pss = 0
+        self.started = time.time()
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "w") as log:
+            self.proc = subprocess.Popen(self.cmd, cwd=cwd, env={**env, MARKER_ENV: self.token}, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    # ----------------------------------------------------------------------------------- the run's processes
+    def processes(self) -> list[psutil.Process]:
+        """Living processes of the run: its session, and anything that carries its marker (moved sessions)."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if os.getsid(proc.pid) == self.proc.pid or proc.environ().get(MARKER_ENV) == self.token:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    def _sample_memory(self) -> None:
+        total = 0
+        for proc in self.processes():
+            try:
+                total += proc.memory_full_info().pss
+            except (psutil.Error, OSError):
+                continue
+        self.peak_pss = max(self.peak_pss, total)
+
+    def kill(self) -> None:
+        """SIGKILL the run's process group, then every other process of it, until none is left (60 s at most)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.time() + 60
+        while alive := self.processes():
+            if time.time() > deadline:
+                raise SupervisedRunError(f"processes of the run survive SIGKILL: {[p.pid for p in alive]}")
+            for proc in alive:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+            time.sleep(0.5)
+
+    def remove_leaked_shm(self) -> list[str]:
+        """Remove segments created while the run was alive that no living process holds; returns their names."""
+        new = _shm_segments() - self.shm_before
+        if not new:
+            return []
+        leaked = sorted(new - _segments_in_use())
+        for name in leaked:
+            try:
+                (SHM_DIR / name).unlink()
+            except OSError:
+                pass
+        return leaked
+
+    # ---------------------------------------------------------------------------------------- waiting
+    def log_text(self) -> str:
+        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    def wait(self, poll_s: float = 0.5) -> RunResult:
+        """Wait for the run; always leaves no process and no leaked segment of it behind.
+
+        Raises RunTimedOut past ``timeout_s`` and RolloutServerFailed when a fatal error was logged and the run
+        did not exit within ``grace_s`` of it (it is killed in both cases). A run that exits by itself returns
+        its result, whatever its exit code.
+        """
+        deadline = self.started + self.timeout_s
+        failure, failure_seen_at, read_pos, next_sample = None, None, 0, 0.0
+        error: SupervisedRunError | None = None
+        try:
+            while self.proc.poll() is None:
+                now = time.time()
+                if self.sample_memory_s and now >= next_sample:
+                    self._sample_memory()
+                    next_sample = now + self.sample_memory_s
+                if self.watch_patterns and failure is None:
+                    text = self.log_text()
+                    failure = find_fatal_error(text[max(0, read_pos - 2000):])
+                    read_pos = len(text)
+                    if failure:
+                        failure_seen_at = now
+                if failure and now - failure_seen_at > self.grace_s:
+                    name, excerpt = failure
+                    error = RolloutServerFailed(
+                        f"{name}; the run did not exit within {self.grace_s:.0f} s of it and was killed. "
+                        f"Log {self.log_file}:\n{excerpt}")
+                    break
+                if now > deadline:
+                    tail = "".join(self.log_text().splitlines(keepends=True)[-30:])
+                    error = RunTimedOut(f"the run exceeded its wall-clock limit of {self.timeout_s:.0f} s and was "
+                                        f"killed. Last lines of {self.log_file}:\n{tail}")
+                    break
+                time.sleep(poll_s)
+        finally:
+            self.kill()
+            leaked = self.remove_leaked_shm()
+        if error is not None:
+            raise error
+        return RunResult(self.proc.returncode, time.time() - self.started, self.peak_pss, leaked)
