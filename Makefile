@@ -1,7 +1,9 @@
 # Commands users type. Everything installs itself into ./.venv on first use.
 #   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
 #   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
-#   make test      the whole test suite, end-to-end CPU training runs included (what CI runs)
+#   make test      the whole test suite, end-to-end CPU training runs included (what CI runs): the default
+#                  environment, then tests/vllm in the vLLM CPU environment (installed alongside)
+#   make test-vllm tests/vllm only (verl's real vLLM rollout and eval's vLLM backend on CPU)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
 #                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm)
@@ -45,7 +47,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-fast smoke bench table eval eval-compare clean
+.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench table eval eval-compare clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -98,11 +100,22 @@ install-gpu:
 	$(PY) -m pip install --no-build-isolation $(FLASH_ATTN)
 	$(PY) -c "import torch, vllm, flash_attn, verl, gapo; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'flash_attn', flash_attn.__version__, 'cuda', torch.cuda.is_available())"
 
+# Both environments: the vLLM one installs in the background while the default suite runs (its log:
+# $(VLLM_VENV).install.log), then tests/vllm runs in it.
 test: install
-	$(PY) -m pytest tests -v --durations=15
+	@echo "installing the vLLM CPU environment in the background (make install-vllm; log: $(VLLM_VENV).install.log)"
+	@$(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1 & vllm_install=$$!; \
+	$(PY) -m pytest tests --ignore=tests/vllm -v --durations=15; status=$$?; \
+	if ! wait $$vllm_install; then tail -40 $(VLLM_VENV).install.log; \
+	  echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; exit 1; fi; \
+	$(VLLM_PY) -m pytest tests/vllm -v --durations=10 || status=1; exit $$status
+
+# tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)
+test-vllm: install-vllm
+	$(VLLM_PY) -m pytest tests/vllm -v --durations=10
 
 test-fast: install
-	$(PY) -m pytest tests -m "not slow"
+	$(PY) -m pytest tests --ignore=tests/vllm -m "not slow"
 
 # ROLLOUT=vllm: verl's real vLLM rollout, in the vLLM CPU environment (make install-vllm; its own SMOKE_DIR)
 smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
