@@ -105,7 +105,7 @@ PROMPTS = [[2, 10, 11, 12], [2, 20, 21], [2, 30, 31, 32, 33, 34]]
 
 
 @pytest.fixture(scope="module")
-def in_process(monkeypatch_module=None):
+def in_process():
     # the engine core in this process, so that apply_model runs on the model object here
     old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -192,7 +192,6 @@ def test_gapo_thresholds_and_per_c_diagnostics_with_vllm_rollouts(vllm_smoke):
 
 @pytest.mark.slow
 def test_nothing_of_the_vllm_runs_is_left(vllm_smoke):
-    from gapo.supervisor import MARKER_ENV  # noqa: F401  (the runs carried it; none may live on)
     import psutil
 
     left = []

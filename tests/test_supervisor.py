@@ -1,0 +1,123 @@
+"""gapo.supervisor: hard wall-clock limit, rollout-server failure detection, process and shared-memory clean-up.
+
+Small stand-in commands (python -c) play the run: one that hangs, one that logs a vLLM engine's fatal error and
+then hangs as verl does, one that leaves a grandchild in another session, one that leaks a /dev/shm segment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from gapo.supervisor import (
+    MARKER_ENV,
+    RolloutServerFailed,
+    RunTimedOut,
+    SupervisedRun,
+    find_fatal_error,
+)
+
+
+def run(tmp_path, code: str, **kwargs) -> SupervisedRun:
+    return SupervisedRun([sys.executable, "-c", code], dict(os.environ), tmp_path / "run.log", **kwargs)
+
+
+def test_a_normal_run_returns_its_exit_code_and_memory(tmp_path):
+    result = run(tmp_path, "import time; x = bytearray(50 * 2**20); time.sleep(3); raise SystemExit(3)",
+                 sample_memory_s=0.2).wait(poll_s=0.1)
+    assert result.returncode == 3
+    assert result.peak_pss_bytes > 50 * 2**20  # the 50 MiB buffer was seen
+    assert result.leaked_shm_removed == []
+
+
+def test_a_hanging_run_is_killed_at_its_wall_clock_limit(tmp_path):
+    start = time.time()
+    supervised = run(tmp_path, "import time; print('working', flush=True); time.sleep(600)", timeout_s=3)
+    with pytest.raises(RunTimedOut, match="wall-clock limit of 3 s") as err:
+        supervised.wait(poll_s=0.1)
+    assert time.time() - start < 60
+    assert "working" in str(err.value)  # the log's tail is quoted
+    assert supervised.processes() == []
+
+
+def test_a_fatal_server_error_ends_a_run_that_would_hang_within_the_grace(tmp_path):
+    code = ("import time; print('(vLLMHttpServer pid=1) (Worker pid=2) ERROR AssertionError: Attempted to load "
+            "weight (torch.Size([64, 64])) into parameter (torch.Size([0]))', flush=True); time.sleep(600)")
+    start = time.time()
+    supervised = run(tmp_path, code, timeout_s=300, grace_s=2)
+    with pytest.raises(RolloutServerFailed, match="vLLM weight sync failed; the run did not exit within 2 s"):
+        supervised.wait(poll_s=0.1)
+    assert time.time() - start < 60  # far below the 300 s limit
+    assert supervised.processes() == []
+
+
+def test_a_run_that_exits_by_itself_after_an_error_returns_normally(tmp_path):
+    result = run(tmp_path, "print('EngineDeadError: engine core died', flush=True); raise SystemExit(1)",
+                 grace_s=30).wait(poll_s=0.1)
+    assert result.returncode == 1  # the caller sees the exit code and the log; nothing was killed early
+
+
+def test_every_process_of_the_run_dies_even_outside_its_process_group(tmp_path):
+    # a grandchild in a session of its own (as some servers start themselves) still carries the run's marker
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], "
+            "start_new_session=True); print('started', flush=True); time.sleep(600)")
+    supervised = run(tmp_path, code, timeout_s=4)
+    with pytest.raises(RunTimedOut):
+        supervised.wait(poll_s=0.1)
+    leftovers = [p for p in psutil.process_iter() if _marker(p) == supervised.token]
+    assert leftovers == []
+
+
+def _marker(proc):
+    try:
+        return proc.environ().get(MARKER_ENV)
+    except psutil.Error:
+        return None
+
+
+def test_leaked_shared_memory_is_removed_and_segments_in_use_are_kept(tmp_path):
+    leaked, held = f"gapo_test_leak_{uuid.uuid4().hex[:8]}", f"gapo_test_held_{uuid.uuid4().hex[:8]}"
+    # another process (not the run) creates and holds a segment while the run is alive: never removed
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from multiprocessing import shared_memory as s; "
+        f"m = s.SharedMemory(name='{held}', create=True, size=4096); print('ok', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        supervised = run(tmp_path, (
+            "import time; from multiprocessing import shared_memory as s, resource_tracker as r; "
+            f"m = s.SharedMemory(name='{leaked}', create=True, size=4096); r.unregister(m._name, 'shared_memory'); "
+            "time.sleep(1)"))
+        assert holder.stdout.readline().strip() == "ok"
+        result = supervised.wait(poll_s=0.1)
+        assert result.returncode == 0
+        assert result.leaked_shm_removed == [leaked]
+        assert not os.path.exists(f"/dev/shm/{leaked}") and os.path.exists(f"/dev/shm/{held}")
+    finally:
+        holder.kill()
+        holder.wait()
+        if os.path.exists(f"/dev/shm/{held}"):
+            os.unlink(f"/dev/shm/{held}")
+
+
+@pytest.mark.parametrize("line, name", [
+    ("(vLLMHttpServer pid=7) RuntimeError: Engine core initialization failed. See root cause above.",
+     "vLLM engine failed to start"),
+    ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", "vLLM engine died"),
+    ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.", "a Ray actor died"),
+    ("ValueError: Unsupported CPU attention configuration: head_dim=16", "vLLM rejected the model"),
+])
+def test_fatal_errors_are_named(line, name):
+    found = find_fatal_error(f"step 1 ok\n{line}\nmore\n")
+    assert found is not None and found[0] == name and line in found[1]
+
+
+def test_ordinary_logs_are_not_fatal():
+    log = ("INFO update_weights took 0.02 s\nWARNING: kv cache usage 3%\n(vLLMHttpServer pid=1) INFO engine ready\n"
+           "training/rollout_probs_diff_max: 1.5e-08\n")
+    assert find_fatal_error(log) is None
