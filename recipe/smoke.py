@@ -174,7 +174,7 @@ def main(argv=None):
                         help="rollout engine: hf (HF generate, default environment) or vllm (verl's vLLM rollout; "
                              "needs the vLLM CPU environment: make smoke ROLLOUT=vllm)")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
-                        help="hard wall-clock limit of each training run in seconds (killed past it)")
+                        help="hard wall-clock limit of each run in seconds (killed past it)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both runs, e.g. actor_rollout_ref.rollout.n=4")
     args = parser.parse_args(argv)
     out = Path(args.out)
