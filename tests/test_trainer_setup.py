@@ -74,7 +74,11 @@ def test_trainer_runs_verls_sync_code_paths_exactly(smoke_files):
 
     assert type(ours.replay_buffer) is ReplayBuffer is type(verls.replay_buffer)
     assert (ours.trainer_mode, ours.parameter_sync_step) == (verls.trainer_mode, verls.parameter_sync_step) == ("sync", 1)
-    assert replay_buffer_settings(ours.replay_buffer) == replay_buffer_settings(verls.replay_buffer)
+    # the same, except the poll interval the CPU preset sets (trainer.v1.sampler.poll_interval; verl passes none)
+    assert (ours.replay_buffer.poll_interval, verls.replay_buffer.poll_interval) == (0.05, 2.0)
+    ours_settings = replay_buffer_settings(ours.replay_buffer)
+    ours_settings["poll_interval"] = verls.replay_buffer.poll_interval
+    assert ours_settings == replay_buffer_settings(verls.replay_buffer)
     assert ours.replay_buffer.gen_batch_size == gapo_cfg.data.train_batch_size  # not forced to 1
 
     # verl's own start-up steps that branch on the mode (init() -> _setup), run for real
@@ -157,3 +161,22 @@ def test_gapo_loss_with_distillation_is_refused_naming_keys_and_fix(config_name,
 def test_baseline_with_distillation_passes_validation():
     validate_gapo_config(compose_cfg("gapo_trainer", ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
                                                       "distillation.enabled=true"]))
+
+
+# --- the replay buffer's poll interval ------------------------------------------------------------------------
+
+
+def test_poll_interval_unset_keeps_verls_and_set_replaces_it(smoke_files):
+    unset = GAPOTrainer(compose_cfg(overrides=[*smoke_files, "~trainer.v1.sampler.poll_interval"]))
+    assert unset.replay_buffer.poll_interval == 2.0  # verl's ReplayBuffer default, untouched
+    assert GAPOTrainer(compose_cfg(overrides=[*smoke_files, "trainer.v1.sampler.poll_interval=0.3"])
+                       ).replay_buffer.poll_interval == 0.3
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "100", "soon"])
+@pytest.mark.parametrize("loss_mode", ["gapo", "gspo"])  # the trainer's knob: baselines are checked too
+def test_bad_poll_intervals_are_refused_naming_the_key(value, loss_mode):
+    cfg = compose_cfg("gapo_trainer", [f"trainer.v1.sampler.poll_interval={value}",
+                                       f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}"])
+    with pytest.raises(GAPOConfigError, match=r"trainer\.v1\.sampler\.poll_interval=.* a number in \(0, 60\]"):
+        validate_gapo_config(cfg)

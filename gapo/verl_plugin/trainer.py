@@ -44,7 +44,7 @@ from gapo.verl_plugin.losses import (
     SUMS_PREFIX,
     GAPOActorLoss,
 )
-from gapo.verl_plugin.validate import validate_gapo_config
+from gapo.verl_plugin.validate import sampler_poll_interval, validate_gapo_config
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +75,16 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         sync/async switches after that read `self.trainer_mode` (replay buffer class, `data.gen_batch_size`,
         TransferQueue checkpointing and prompt persistence), never the config. Setting the attributes here, as
         verl would have for mode "sync", gives exactly verl's sync trainer without rewriting the config.
+        ``trainer.v1.sampler.poll_interval``, when set, replaces the buffer's 2.0 s wait between polls for finished
+        rollouts (see ``gapo.verl_plugin.validate.sampler_poll_interval``).
         """
         self.trainer_mode = SYNC_MODE
         self.parameter_sync_step = self.config.trainer.v1.get(SYNC_MODE, {}).get("parameter_sync_step", 1)
-        return super()._build_replay_buffer()
+        replay_buffer = super()._build_replay_buffer()
+        interval = sampler_poll_interval(self.config)  # verl passes none: its 2.0 s floor on every generation
+        if interval is not None:
+            replay_buffer.poll_interval = interval
+        return replay_buffer
 
     def on_init_end(self):
         super().on_init_end()  # verl's sync trainer: push the (possibly resumed) actor weights to the rollout

@@ -19,8 +19,34 @@ class GAPOConfigError(ValueError):
     """A training config that cannot work with GAPO."""
 
 
+POLL_INTERVAL_KEY = "trainer.v1.sampler.poll_interval"
+
+
+def sampler_poll_interval(config: DictConfig) -> float | None:
+    """``trainer.v1.sampler.poll_interval`` (seconds), or None when unset (verl's replay buffer default, 2.0 s).
+
+    verl's sync replay buffer waits for finished rollouts by polling TransferQueue and sleeping ``poll_interval``
+    between polls (verl/trainer/ppo/v1/replay_buffer.py, ``ReplayBuffer._wait_for_next_poll``); verl passes no
+    value, so every generation phase lasts a multiple of 2.0 s. On GPUs (generation takes tens of seconds) that
+    costs ~1 s a step; on the CPU presets it was the whole of ``timing_s/gen``. GAPO's trainer sets it from this key.
+    """
+    value = config.trainer.v1.sampler.get("poll_interval", None)
+    if value is None:
+        return None
+    try:
+        interval = float(value)
+    except (TypeError, ValueError):
+        interval = float("nan")
+    if not 0 < interval <= 60:  # also rejects nan
+        raise GAPOConfigError(f"{POLL_INTERVAL_KEY}={value!r}: seconds between polls for finished rollouts, a number "
+                              "in (0, 60]; e.g. 0.05 (the CPU presets) or leave it unset for verl's 2.0")
+    return interval
+
+
 def validate_gapo_config(config: DictConfig) -> None:
-    """Raise GAPOConfigError for a config GAPO cannot train with. Baseline losses pass through unchecked."""
+    """Raise GAPOConfigError for a config GAPO cannot train with. Baseline losses pass through unchecked, except
+    for the trainer's own knob (the replay buffer's poll interval), which every run of GAPO's trainer reads."""
+    sampler_poll_interval(config)
     actor = config.actor_rollout_ref.actor
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
     if loss_mode not in GAPO_LOSS_MODES:
