@@ -10,6 +10,7 @@
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
 #                  code-reward parsing per KB and a hostile batch)
+#   make bench-rollout  HF vs vLLM rollout on the same CPU smoke run (wall, step, gen, weight sync, peak memory)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
 #   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
@@ -47,7 +48,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench table eval eval-compare clean
+.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -126,6 +127,10 @@ bench: install
 	$(PY) -m recipe.bench_math_reward
 	$(PY) -m recipe.bench_sandbox
 	$(PY) -m recipe.bench_code_parse --max-growth 3 --hostile
+
+# HF vs vLLM rollout on the same smoke run, at the CPU presets' poll interval and at verl's 2.0 s (about 10 min)
+bench-rollout: install install-vllm
+	$(PY) -m recipe.bench_rollout
 
 table: install
 	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)

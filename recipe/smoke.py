@@ -165,6 +165,15 @@ def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[
     return {"run1": run1, "run2": run2, "ckpt_dir": ckpt_dir, "runs": [first, second]}
 
 
+def write_summary(path: Path, rollout: str, wall_s: float, result: dict) -> None:
+    """OUT/logs/summary.json: engine, wall time, each run's wall time and peak memory (PSS of its whole process
+    tree), and every step's metrics (recipe.bench_rollout compares engines from it)."""
+    runs = [{"name": name, "wall_s": r["wall_s"], "peak_pss_bytes": r["peak_pss_bytes"]}
+            for name, r in zip(("run1", "run2"), result["runs"])]
+    steps = {str(step): m for step, m in sorted({**result["run1"], **result["run2"]}.items())}
+    path.write_text(json.dumps({"rollout": rollout, "wall_s": wall_s, "runs": runs, "steps": steps}, indent=1))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m recipe.smoke", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/smoke", help="folder for model, data, logs, checkpoints (wiped)")
@@ -186,7 +195,9 @@ def main(argv=None):
     except SmokeCheckError as err:
         sys.exit(f"[smoke] FAILED: {err}")
     peak = max(r["peak_pss_bytes"] for r in result["runs"]) / 2**30
-    print(f"\n[smoke] OK in {time.time() - start:.0f} s (rollout {args.rollout}; peak memory {peak:.1f} GiB)")
+    wall = time.time() - start
+    write_summary(out / "logs" / "summary.json", args.rollout, wall, result)
+    print(f"\n[smoke] OK in {wall:.0f} s (rollout {args.rollout}; peak memory {peak:.1f} GiB)")
     print(f"[smoke] logs: {out.resolve() / 'logs'}\n[smoke] checkpoints: {result['ckpt_dir']}")
     print("\n".join(summary_lines({**result["run1"], **result["run2"]})))
 

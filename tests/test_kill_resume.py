@@ -23,11 +23,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import psutil
@@ -38,6 +36,7 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, find_latest_ckpt_path
 
 import gapo.verl_plugin.checkpoint as checkpoint_module
+from gapo.supervisor import MARKER_ENV, SupervisedRun, SupervisedRunError
 from gapo.verl_plugin.trainer import GAPOTrainer
 from recipe.smoke import ROOT, prepare, run_command
 
@@ -246,25 +245,25 @@ def test_pause_hook_holds_only_the_named_step_between_actor_and_commit(tmp_path,
 
 # ------------------------------------------------------------------------------ SIGKILL, end to end
 TOTAL_STEPS = 3
-MARKER_ENV = "GAPO_KILL_RESUME_RUN"  # each run's processes carry it: the sweep kills only those
 STEP_TIMEOUT_S = 600
 
 
 class Run:
-    """One training run of the smoke preset in its own session, Ray temp dir and marker, started in the background."""
+    """One training run of the smoke preset in its own session, Ray temp dir and marker, started in the background
+    under the project's runner (gapo.supervisor.SupervisedRun: its process finding and killing)."""
 
     def __init__(self, out: Path, name: str, extra_env: dict | None = None):
         cmd, env, self.metrics_file, self.log_file = run_command(out, name, TOTAL_STEPS, [])
-        self.name, self.token = name, f"{name}-{uuid.uuid4().hex[:12]}"
+        self.name = name
         self.ray_tmp = tempfile.mkdtemp(prefix="gkr-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         # its own Ray temp dir: ray.init neither joins another cluster on the machine nor shares files with one
         cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={self.ray_tmp}"]
         env = {k: v for k, v in env.items() if not k.startswith(("RAY_ADDRESS", MARKER_ENV, "GAPO_TEST_"))}
-        env.update(extra_env or {}, **{MARKER_ENV: self.token})
+        env.update(extra_env or {})
         self.started = time.time()
-        with open(self.log_file, "w") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.run = SupervisedRun(cmd, env, self.log_file, cwd=ROOT, timeout_s=STEP_TIMEOUT_S * TOTAL_STEPS,
+                                 sample_memory_s=None)
+        self.proc = self.run.proc
         self.events = [(0.0, "started")]
 
     def note(self, what: str) -> None:
@@ -290,39 +289,19 @@ class Run:
 
     def processes(self) -> list[psutil.Process]:
         """The run's live processes: its session (driver, GCS, raylet, Ray workers) and anything with its marker."""
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                if os.getsid(proc.pid) == self.proc.pid or proc.environ().get(MARKER_ENV) == self.token:
-                    found.append(proc)
-            except (psutil.Error, ProcessLookupError, PermissionError):
-                continue
-        return found
+        return self.run.processes()
 
     def kill(self) -> None:
         """SIGKILL the whole run, then every straggler of it (Ray workers have process groups of their own, in the
         run's session), and wait until none is left."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.note("SIGKILL")
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=60)
+        self.note("SIGKILL")
         self.sweep()
 
     def sweep(self) -> None:
-        deadline = time.time() + 60
-        while alive := self.processes():
-            if time.time() > deadline:
-                pytest.fail(f"{self.name}: processes still alive after SIGKILL: {[p.pid for p in alive]}")
-            for proc in alive:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-            time.sleep(0.5)
+        try:
+            self.run.kill()
+        except SupervisedRunError as err:
+            pytest.fail(f"{self.name}: {err}")
         self.note("all processes gone")
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
