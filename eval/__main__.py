@@ -13,15 +13,25 @@ Writes into OUT: ``samples.jsonl`` (one line per sample, appended per problem: r
 skips finished problems), ``run.json`` (settings), ``summary.json`` (pass@k for k = 1, 2, 4, ..., n averaged
 over problems, coverage, solve-rate histogram, per benchmark), ``results.md`` (the paper-shaped table)
 and ``passk.png``.
+
+Supervision: with ``--timeout`` or a backend that may be vLLM (``vllm``; ``auto`` where vLLM is installed), this
+process runs the evaluation in a child process of its own session and waits for it: past ``--timeout`` seconds it
+kills it (vLLM's engine core runs in processes of its own) and exits with ``EvalTimeout`` (code 124); whenever
+the child ends (done, failed, timed out, interrupted), every process it left is killed and the /dev/shm segments
+it leaked (vLLM's ``psm_*``) are removed. A vLLM engine that fails ends the evaluation with vLLM's error.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 SUBCOMMANDS = ("report", "plot")
+CHILD_ENV = "GAPO_EVAL_SUPERVISED"  # set in the supervised child process: it runs the evaluation itself
+TIMEOUT_EXIT = 124  # exit code of a run past --timeout (as timeout(1))
+_UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
 
 
 def _bool_or_auto(value: str) -> str:
@@ -29,6 +39,23 @@ def _bool_or_auto(value: str) -> str:
     if value not in ("auto", "true", "false"):
         raise argparse.ArgumentTypeError("expected auto, true or false")
     return value
+
+
+def _byte_size(value: str) -> int:
+    """Bytes: an integer, optionally with a binary unit (K/KiB, M/MiB, G/GiB): 268435456, 256MiB, 1G."""
+    text = value.strip().lower().replace(" ", "")
+    digits = text.rstrip("kmgib")
+    unit = text[len(digits):]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"expected bytes, e.g. 268435456, 256MiB or 1GiB, got {value!r}")
+    return int(digits) * _UNITS[unit]
+
+
+def _positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {value!r}")
+    return seconds
 
 
 def eval_parser() -> argparse.ArgumentParser:
@@ -57,7 +84,17 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-size", "--dp", type=int, default=None,
                    help="vllm: engines (default: visible GPUs / tp)")
     p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: model's)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="vllm on GPUs: fraction of GPU memory for weights and KV cache (default 0.9); not used "
+                        "by vLLM's CPU build (see --kv-cache-bytes)")
+    p.add_argument("--kv-cache-bytes", type=_byte_size, default=None, metavar="BYTES",
+                   help="vllm: KV cache size in bytes, e.g. 268435456 or 256MiB (vLLM's kv_cache_memory_bytes; "
+                        "overrides --gpu-memory-utilization). Default: 256MiB with vLLM's CPU build (one engine, "
+                        "tp = dp = 1, eager), unset on GPUs")
+    p.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="hard wall-clock limit of the whole run (default: none): past it the run and its child "
+                        "processes are killed, leaked /dev/shm segments removed, and it exits with EvalTimeout "
+                        f"(code {TIMEOUT_EXIT}); finished problems are kept (the same command resumes)")
     p.add_argument("--cache-dir", default=None,
                    help="converted verl checkpoints (default $GAPO_EVAL_CACHE or ~/.cache/gapo/eval_models)")
     p.add_argument("--label", default=None, help="name of this run in tables and plots (default: OUT's name)")
@@ -78,6 +115,58 @@ def _default_out(model: str) -> str:
     return str(Path("runs/eval") / label)
 
 
+# ------------------------------------------------------------------------------------ supervision
+class EvalTimeout(RuntimeError):
+    """The evaluation ran past ``--timeout`` and was killed."""
+
+
+def _needs_supervision(args) -> bool:
+    if args.timeout is not None or args.backend == "vllm":
+        return True
+    if args.backend == "auto":
+        import importlib.util
+
+        return importlib.util.find_spec("vllm") is not None
+    return False
+
+
+CHILD_MARKER = "GAPO_EVAL_MARKER"  # its own marker: a supervisor around this one still finds every process by its own
+
+
+def run_supervised(cmd: list[str], timeout: float | None) -> int:
+    """Run ``cmd`` (this evaluation, marked as the supervised child) under :class:`gapo.supervisor.SupervisedRun`:
+    its own session, this terminal's stdin, stdout and stderr, a hard wall-clock limit. When it ends (or ``timeout``
+    passes, or this process gets SIGINT, SIGTERM or SIGHUP), every process of it is killed and the /dev/shm segments
+    it leaked are removed. Returns the child's exit code; raises :class:`EvalTimeout` past ``timeout``."""
+    import signal
+
+    from gapo.supervisor import RunTimedOut, SupervisedRun  # no torch in this waiting process (gapo/__init__.py)
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    root = str(Path(__file__).resolve().parents[1])  # `-m eval` resolves to this package in the child too
+    env = {**os.environ, CHILD_ENV: "1",
+           "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = SupervisedRun(cmd, env, None, timeout_s=timeout, watch_patterns=False, sample_memory_s=1.0,
+                        marker_env=CHILD_MARKER)
+    try:
+        result = run.wait(poll_s=0.5)
+    except RunTimedOut:
+        raise EvalTimeout(f"the evaluation exceeded its wall-clock limit of {timeout:g} s (--timeout) and was killed "
+                          f"with its {run.killed} process(es); problems finished so far are kept in the records (the "
+                          "same command resumes)") from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if result.leaked_shm_removed:
+        print(f"[eval] removed {len(result.leaked_shm_removed)} /dev/shm segment(s) the run left: "
+              f"{' '.join(result.leaked_shm_removed)}", file=sys.stderr, flush=True)
+    code = result.returncode
+    return code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
+
+
 def run_eval(argv) -> int:
     from eval.report import results_table
     from eval.runner import EvalConfig, evaluate
@@ -87,6 +176,8 @@ def run_eval(argv) -> int:
         sys.exit("error: --n must be >= 1")
     if args.limit is not None and args.limit < 1:
         sys.exit("error: --limit must be >= 1")
+    if not os.environ.get(CHILD_ENV) and _needs_supervision(args):
+        return run_supervised([sys.executable, "-m", "eval", *argv], args.timeout)
     cfg = EvalConfig(
         model=args.model, benchmarks=args.benchmarks, out=args.out or _default_out(args.model), n=args.n,
         temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
@@ -94,7 +185,8 @@ def run_eval(argv) -> int:
         require_think=args.require_think, coverage_threshold=args.coverage_threshold, dtype=args.dtype,
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-        cache_dir=args.cache_dir, label=args.label, stop_after=args.stop_after, progress=not args.no_progress)
+        kv_cache_bytes=args.kv_cache_bytes, cache_dir=args.cache_dir, label=args.label, stop_after=args.stop_after,
+        progress=not args.no_progress)
     try:
         summary = evaluate(cfg, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as err:
@@ -153,7 +245,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_report(argv[1:])
     if argv and argv[0] == "plot":
         return run_plot(argv[1:])
-    return run_eval(argv)
+    try:
+        return run_eval(argv)
+    except EvalTimeout as err:
+        print(f"error: EvalTimeout: {err}", file=sys.stderr, flush=True)
+        return TIMEOUT_EXIT
+    except KeyboardInterrupt as err:
+        print(f"error: interrupted ({err or 'SIGINT'}); the run was stopped and cleaned up", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

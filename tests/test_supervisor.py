@@ -81,28 +81,36 @@ def _marker(proc):
         return None
 
 
-def test_leaked_shared_memory_is_removed_and_segments_in_use_are_kept(tmp_path):
-    leaked, held = f"gapo_test_leak_{uuid.uuid4().hex[:8]}", f"gapo_test_held_{uuid.uuid4().hex[:8]}"
-    # another process (not the run) creates and holds a segment while the run is alive: never removed
+def _make_segment(name: str, var: str = "m") -> str:
+    """Python that creates the segment and leaves it behind at exit (not cleaned up by the resource tracker)."""
+    return ("from multiprocessing import shared_memory as s, resource_tracker as r; "
+            f"{var} = s.SharedMemory(name='{name}', create=True, size=4096); r.unregister({var}._name, 'shared_memory')")
+
+
+def test_leaked_shared_memory_is_removed_and_other_programs_segments_are_kept(tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    seen, unseen = f"gapo_test_seen_{tag}", f"psm_gapo_test_{tag}"  # held while sampled; a leaky prefix, never seen
+    held, other = f"gapo_test_held_{tag}", f"gapo_test_other_{tag}"
+    # another program holds one segment for the whole run, and leaves one (unheld) while the run is alive: a POSIX
+    # semaphore's creator looks like that (mapped under a temporary name). Neither may be removed.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from multiprocessing import shared_memory as s; "
-        f"m = s.SharedMemory(name='{held}', create=True, size=4096); print('ok', flush=True); time.sleep(600)")],
-        stdout=subprocess.PIPE, text=True)
+        f"import time; {_make_segment(held)}; {_make_segment(other, 'o')}; o.close(); "
+        "print('ok', flush=True); time.sleep(600)")], stdout=subprocess.PIPE, text=True)
     try:
-        supervised = run(tmp_path, (
-            "import time; from multiprocessing import shared_memory as s, resource_tracker as r; "
-            f"m = s.SharedMemory(name='{leaked}', create=True, size=4096); r.unregister(m._name, 'shared_memory'); "
-            "time.sleep(1)"))
         assert holder.stdout.readline().strip() == "ok"
+        supervised = run(tmp_path, f"import time; {_make_segment(seen)}; time.sleep(1.5); "
+                                   f"{_make_segment(unseen, 'u')}", sample_memory_s=0.2)
         result = supervised.wait(poll_s=0.1)
         assert result.returncode == 0
-        assert result.leaked_shm_removed == [leaked]
-        assert not os.path.exists(f"/dev/shm/{leaked}") and os.path.exists(f"/dev/shm/{held}")
+        assert result.leaked_shm_removed == sorted([seen, unseen])
+        assert not os.path.exists(f"/dev/shm/{seen}") and not os.path.exists(f"/dev/shm/{unseen}")
+        assert os.path.exists(f"/dev/shm/{held}") and os.path.exists(f"/dev/shm/{other}")
     finally:
         holder.kill()
         holder.wait()
-        if os.path.exists(f"/dev/shm/{held}"):
-            os.unlink(f"/dev/shm/{held}")
+        for name in (held, other, seen, unseen):
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")
 
 
 @pytest.mark.parametrize("line, name", [
