@@ -132,7 +132,7 @@ def test_working_dir_upload_keeps_the_code_and_skips_the_rest():
     for needed in ("recipe/main_gapo.py", "gapo/data/__init__.py", "configs/smoke_cpu.yaml", "launch/ray_job.py"):
         assert needed in rel, needed  # "/data" is anchored: the package gapo/data is uploaded
     top = {r.split("/")[0] for r in rel}
-    assert not top & {".venv", ".git", "runs", "outputs", "checkpoints", "data", "wandb"}, top
+    assert not top & {".venv", ".venv-vllm", ".git", "runs", "outputs", "checkpoints", "data", "wandb"}, top
     assert not any("__pycache__" in r for r in rel)
     assert sum(p.stat().st_size for p in files) < 64 * 2**20  # Ray refuses more than 512 MiB
 

@@ -304,7 +304,9 @@ def test_timeout_kills_the_run_with_a_named_error_and_leaves_nothing(data):
     assert f"error: EvalTimeout: the evaluation exceeded its wall-clock limit of {timeout} s (--timeout)" in run.stderr
     assert timeout <= run.wall < timeout + 45
     assert seen_engine, "vLLM's engine processes had not started when the run was cut: raise the timeout"
-    killed = int(re.search(r"killed with its (\d+) process", run.stderr).group(1))
+    found = re.search(r"killed with its (\d+) process", run.stderr)
+    assert found, run.stderr[-3000:]
+    killed = int(found.group(1))
     assert killed >= 3  # the evaluation, vLLM's engine core and its worker (and helpers)
     run.assert_nothing_left()
 
