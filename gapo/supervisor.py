@@ -235,7 +235,8 @@ class SupervisedRun:
         its result, whatever its exit code.
         """
         deadline = self.started + self.timeout_s if self.timeout_s is not None else float("inf")
-        failure, failure_seen_at, read_pos, next_sample = None, None, 0, 0.0
+        failure_seen_at, next_sample = None, 0.0
+        log_pos, log_tail = 0, ""  # bytes of the log already read; its last characters (a line cut by a read)
         error: SupervisedRunError | None = None
         try:
             while self.proc.poll() is None:
@@ -243,14 +244,17 @@ class SupervisedRun:
                 if self.sample_memory_s and now >= next_sample:
                     self._sample()
                     next_sample = now + self.sample_memory_s
-                if self.watch_patterns and failure is None:
-                    text = self.log_text()
-                    failure = find_fatal_error(text[max(0, read_pos - 2000):])
-                    read_pos = len(text)
-                    if failure:
+                if self.watch_patterns and failure_seen_at is None and self.log_file.exists():
+                    with open(self.log_file, "rb") as log:  # only what was written since the last poll
+                        log.seek(log_pos)
+                        raw = log.read()
+                    log_pos += len(raw)
+                    chunk = raw.decode(errors="replace")
+                    if chunk and find_fatal_error(log_tail + chunk):
                         failure_seen_at = now
-                if failure and now - failure_seen_at > self.grace_s:
-                    name, excerpt = failure
+                    log_tail = (log_tail + chunk)[-2000:]
+                if failure_seen_at is not None and now - failure_seen_at > self.grace_s:
+                    name, excerpt = find_fatal_error(self.log_text())  # the whole log once: context after it too
                     error = RolloutServerFailed(
                         f"{name}; the run did not exit within {self.grace_s:.0f} s of it and was killed. "
                         f"Log {self.log_file}:\n{excerpt}")

@@ -57,6 +57,16 @@ def test_a_fatal_server_error_ends_a_run_that_would_hang_within_the_grace(tmp_pa
     assert supervised.processes() == []
 
 
+def test_a_fatal_line_written_across_several_polls_is_still_found(tmp_path):
+    # the log is read incrementally: a line cut between two reads must still match
+    code = ("import sys, time; sys.stdout.write('(Worker pid=2) ERROR EngineDe'); sys.stdout.flush(); time.sleep(1); "
+            "print('adError: engine core died', flush=True); time.sleep(600)")
+    supervised = run(tmp_path, code, timeout_s=300, grace_s=1)
+    with pytest.raises(RolloutServerFailed, match="vLLM engine died"):
+        supervised.wait(poll_s=0.1)
+    assert supervised.processes() == []
+
+
 def test_a_run_that_exits_by_itself_after_an_error_returns_normally(tmp_path):
     result = run(tmp_path, "print('EngineDeadError: engine core died', flush=True); raise SystemExit(1)",
                  grace_s=30).wait(poll_s=0.1)
