@@ -1,6 +1,9 @@
 """Evaluate a model or a verl checkpoint: pass@k on the paper's benchmarks, with tables and plots.
 
     python -m eval --model MODEL --bench aime24 aime25 ... [--n 16] [--out DIR]   evaluate (resumable)
+    python -m eval --run-dir CKPTS --steps 100:200[:20] --bench ... [--n 64] [--out DIR]   several checkpoints of
+        one run, each evaluated as above into OUT/global_step_N, then mean and spread over them (aggregate.*)
+    python -m eval aggregate RUN [RUN ...] --out DIR   mean and spread over finished evaluations
     python -m eval report RUN [RUN ...] [--out FILE.md]   rebuild a run's reports from its records; compare runs
     python -m eval plot RUN [RUN ...] --out FILE.png [--labels A B ...]   pass@k curves of runs side by side
 
@@ -13,6 +16,14 @@ Writes into OUT: ``samples.jsonl`` (one line per sample, appended per problem: r
 skips finished problems), ``run.json`` (settings), ``summary.json`` (pass@k for k = 1, 2, 4, ..., n averaged
 over problems, coverage, solve-rate histogram, per benchmark), ``results.md`` (the paper-shaped table)
 and ``passk.png``.
+
+Several checkpoints (``--run-dir``, a run's checkpoint folder holding ``global_step_N/``, and ``--steps``:
+``START:END`` every checkpoint there with START <= N <= END, ``START:END:STRIDE`` those with (N - START) a
+multiple of STRIDE, or a list ``100,150,200``): each checkpoint is evaluated (and resumed) on its own in
+``OUT/global_step_N``, then ``OUT/aggregate.json`` and ``OUT/aggregate.md`` give, per benchmark, the mean,
+sample standard deviation, min and max over the checkpoints of pass@k and of coverage (problems with solve
+rate above ``--coverage-threshold``, default 0.05; with n < 64 a 5% threshold counts nearly any success, see
+the README).
 
 Supervision: with ``--timeout`` or a backend that may be vLLM (``vllm``; ``auto`` where vLLM is installed), this
 process runs the evaluation in a child process of its own session and waits for it: past ``--timeout`` seconds it
@@ -28,7 +39,8 @@ import os
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = ("report", "plot")
+SUBCOMMANDS = ("report", "plot", "aggregate")
+STEP_PREFIX = "global_step_"
 CHILD_ENV = "GAPO_EVAL_SUPERVISED"  # set in the supervised child process: it runs the evaluation itself
 TIMEOUT_EXIT = 124  # exit code of a run past --timeout (as timeout(1))
 _UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
@@ -51,6 +63,62 @@ def _byte_size(value: str) -> int:
     return int(digits) * _UNITS[unit]
 
 
+def _fraction(value: str) -> float:
+    x = float(value)
+    if not 0 <= x < 1:
+        raise argparse.ArgumentTypeError(f"expected a solve rate in [0, 1), got {value!r}")
+    return x
+
+
+def parse_steps(spec: str) -> tuple[int, int, int | None] | list[int]:
+    """``START:END[:STRIDE]`` as (start, end, stride or None); ``N,N,...`` as a sorted list of steps."""
+    text = spec.strip()
+    try:
+        if ":" in text:
+            parts = [int(x) for x in text.split(":")]
+            if len(parts) not in (2, 3) or parts[0] > parts[1] or min(parts) < 0 or (len(parts) == 3 and parts[2] < 1):
+                raise ValueError
+            return parts[0], parts[1], parts[2] if len(parts) == 3 else None
+        steps = sorted({int(x) for x in text.split(",") if x.strip()})
+        if not steps or min(steps) < 0:
+            raise ValueError
+        return steps
+    except ValueError:
+        raise ValueError(f"--steps {spec!r}: expected START:END, START:END:STRIDE (0 <= START <= END, STRIDE >= 1) "
+                         "or a comma list of steps, e.g. 100:200:20 or 100,150,200") from None
+
+
+def checkpoint_steps(run_dir: str | Path) -> dict[int, Path]:
+    """``{N: run_dir/global_step_N}`` for the checkpoints present."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--run-dir {run_dir}: no such directory")
+    found = {}
+    for child in root.iterdir():
+        suffix = child.name[len(STEP_PREFIX):]
+        if child.is_dir() and child.name.startswith(STEP_PREFIX) and suffix.isdigit():
+            found[int(suffix)] = child
+    return dict(sorted(found.items()))
+
+
+def select_checkpoints(run_dir: str | Path, spec: str) -> list[tuple[int, Path]]:
+    """The checkpoints of ``run_dir`` that ``--steps`` names (see :func:`parse_steps`), in step order."""
+    available = checkpoint_steps(run_dir)
+    wanted = parse_steps(spec)
+    listing = ", ".join(map(str, available)) or "none"
+    if isinstance(wanted, list):
+        missing = [s for s in wanted if s not in available]
+        if missing:
+            raise FileNotFoundError(f"--run-dir {run_dir} has no checkpoint for step(s) {missing}; it has: {listing}")
+        return [(s, available[s]) for s in wanted]
+    start, end, stride = wanted
+    chosen = [(s, path) for s, path in available.items()
+              if start <= s <= end and (stride is None or (s - start) % stride == 0)]
+    if not chosen:
+        raise FileNotFoundError(f"--run-dir {run_dir} has no checkpoint in --steps {spec}; it has: {listing}")
+    return chosen
+
+
 def _positive_seconds(value: str) -> float:
     seconds = float(value)
     if not seconds > 0:
@@ -61,7 +129,14 @@ def _positive_seconds(value: str) -> float:
 def eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__.splitlines()[0],
                                 epilog="subcommands: `python -m eval report -h`, `python -m eval plot -h`")
-    p.add_argument("--model", required=True, help="HF dir / hub id, or verl checkpoint (global_step_N[/actor])")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="HF dir / hub id, or verl checkpoint (global_step_N[/actor])")
+    what.add_argument("--run-dir", default=None,
+                      help="a training run's checkpoint folder (holding global_step_N/): evaluate the checkpoints "
+                           "--steps selects and aggregate over them")
+    p.add_argument("--steps", default=None, metavar="START:END[:STRIDE] | N,N,...",
+                   help="with --run-dir: checkpoints with START <= N <= END (every STRIDE-th step from START), "
+                        "or a comma list of steps")
     p.add_argument("--bench", "--benchmarks", dest="benchmarks", nargs="+", required=True, metavar="BENCH",
                    help="parquet paths or names under $GAPO_DATA_DIR (e.g. aime24 math500)")
     p.add_argument("--out", default=None, help="output folder (default: runs/eval/<model label>)")
@@ -77,8 +152,9 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark only")
     p.add_argument("--require-think", type=_bool_or_auto, default="auto",
                    help="score 0 without </think> (auto: when the chat template opens <think>, as R1-Distill)")
-    p.add_argument("--coverage-threshold", type=float, default=0.05,
-                   help="coverage counts problems with solve rate above this (default 0.05)")
+    p.add_argument("--coverage-threshold", type=_fraction, default=0.05,
+                   help="coverage counts problems with solve rate above this (default 0.05; n >= 64 recommended "
+                        "at 0.05: with n = 16 one success is 6.25%% and already counts)")
     p.add_argument("--dtype", default="auto", help="auto: bf16 on GPU, fp32 on CPU (hf); the model's (vllm)")
     p.add_argument("--tensor-parallel-size", "--tp", type=int, default=None, help="vllm: GPUs per engine (1)")
     p.add_argument("--data-parallel-size", "--dp", type=int, default=None,
@@ -169,30 +245,101 @@ def run_supervised(cmd: list[str], timeout: float | None) -> int:
 
 def run_eval(argv) -> int:
     from eval.report import results_table
-    from eval.runner import EvalConfig, evaluate
+    from eval.runner import evaluate
 
-    args = eval_parser().parse_args(argv)
+    parser = eval_parser()
+    args = parser.parse_args(argv)
     if args.n < 1:
         sys.exit("error: --n must be >= 1")
+    if (args.run_dir is None) != (args.steps is None):
+        parser.error("--run-dir and --steps go together")
+    checkpoints = None
+    if args.run_dir is not None:
+        try:
+            checkpoints = select_checkpoints(args.run_dir, args.steps)
+        except (FileNotFoundError, ValueError) as err:
+            sys.exit(f"error: {err}")
     if args.limit is not None and args.limit < 1:
         sys.exit("error: --limit must be >= 1")
     if not os.environ.get(CHILD_ENV) and _needs_supervision(args):
         return run_supervised([sys.executable, "-m", "eval", *argv], args.timeout)
-    cfg = EvalConfig(
-        model=args.model, benchmarks=args.benchmarks, out=args.out or _default_out(args.model), n=args.n,
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, backend=args.backend, seed=args.seed, limit=args.limit,
-        require_think=args.require_think, coverage_threshold=args.coverage_threshold, dtype=args.dtype,
-        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
-        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-        kv_cache_bytes=args.kv_cache_bytes, cache_dir=args.cache_dir, label=args.label, stop_after=args.stop_after,
-        progress=not args.no_progress)
+    if checkpoints is not None:
+        return run_checkpoints(args, checkpoints)
+    cfg = _config(args, args.model, args.out or _default_out(args.model), args.label)
     try:
         summary = evaluate(cfg, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(results_table(summary, title=summary["config"]["label"]))
     return 3 if summary.get("stopped") else 0
+
+
+def _config(args, model: str, out: str, label: str | None):
+    from eval.runner import EvalConfig
+
+    return EvalConfig(
+        model=model, benchmarks=args.benchmarks, out=out, n=args.n,
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, backend=args.backend, seed=args.seed, limit=args.limit,
+        require_think=args.require_think, coverage_threshold=args.coverage_threshold, dtype=args.dtype,
+        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_bytes=args.kv_cache_bytes, cache_dir=args.cache_dir, label=label, stop_after=args.stop_after,
+        progress=not args.no_progress)
+
+
+def run_checkpoints(args, checkpoints: list[tuple[int, Path]], evaluate_fn=None) -> int:
+    """Evaluate each checkpoint into OUT/global_step_N (resumable, as one run each), then aggregate over them."""
+    from eval.report import aggregate_runs, aggregate_table, write_aggregate
+    from eval.runner import evaluate
+
+    evaluate_fn = evaluate_fn or evaluate
+    run_dir = Path(args.run_dir)
+    name = args.label or run_dir.resolve().name
+    out = Path(args.out or Path("runs/eval") / f"{name}_steps_{checkpoints[0][0]}-{checkpoints[-1][0]}")
+    runs, stopped = [], False
+    for step, path in checkpoints:
+        label = f"{STEP_PREFIX}{step}"
+        print(f"[eval] checkpoint {path} -> {out / label}", file=sys.stderr, flush=True)
+        try:
+            summary = evaluate_fn(_config(args, str(path), str(out / label), f"{name} step {step}"),
+                                  overwrite=args.overwrite)
+        except (FileNotFoundError, ValueError) as err:
+            sys.exit(f"error: {err}")
+        runs.append((label, summary))
+        if summary.get("stopped"):
+            stopped = True
+            break
+    if stopped:
+        print(f"[eval] stopped early at {runs[-1][0]}; rerun to resume (no aggregate written yet)", file=sys.stderr)
+        return 3
+    paths = write_aggregate(out, runs, title=f"{name}: {len(runs)} checkpoints")
+    print(aggregate_table(aggregate_runs(runs), title=f"{name}: {len(runs)} checkpoints"))
+    print(f"[eval] wrote {paths['summary']} and {paths['table']}", file=sys.stderr)
+    return 0
+
+
+def run_aggregate(argv) -> int:
+    from eval.report import aggregate_runs, aggregate_table, load_run, rebuild_reports, write_aggregate
+
+    p = argparse.ArgumentParser(prog="python -m eval aggregate",
+                                description="Mean, sample std, min and max of pass@k and coverage over finished "
+                                            "evaluations (e.g. several checkpoints of one run).")
+    p.add_argument("runs", nargs="+", help="evaluation output folders (same n and coverage threshold)")
+    p.add_argument("--out", default=None, help="write aggregate.json and aggregate.md into this folder")
+    p.add_argument("--title", default=None)
+    args = p.parse_args(argv)
+    for run_dir in args.runs:
+        rebuild_reports(run_dir)
+    runs = [(Path(r).name, load_run(r)[1]) for r in args.runs]
+    try:
+        agg = aggregate_runs(runs)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    print(aggregate_table(agg, args.title))
+    if args.out:
+        write_aggregate(args.out, runs, args.title or f"{len(runs)} evaluations")
+    return 0
 
 
 def run_report(argv) -> int:
@@ -245,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_report(argv[1:])
     if argv and argv[0] == "plot":
         return run_plot(argv[1:])
+    if argv and argv[0] == "aggregate":
+        return run_aggregate(argv[1:])
     try:
         return run_eval(argv)
     except EvalTimeout as err:

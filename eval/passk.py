@@ -5,11 +5,17 @@ at least one of k samples drawn without replacement is correct) is
 
     pass@k = 1 - C(n - c, k) / C(n, k)
 
-Binomials of n = 16 fit in a float, but n in the hundreds overflows them; the ratio is computed as
-the product of k factors in [0, 1] instead, C(n-c, k) / C(n, k) = prod_{j<k} (n - c - j) / (n - j),
-which never leaves [0, 1]. A benchmark's pass@k is the mean over its problems.
+It is computed exactly, in integers: (C(n, k) - C(n - c, k)) / C(n, k) with ``math.comb`` (Python's
+integers do not overflow, and dividing two integers rounds once, correctly), so pass@256 of n = 256 is
+the float nearest the true value. Floats of the binomials would overflow for n in the hundreds
+(C(256, 128) ~ 5.8e75 still fits, C(1100, 550) does not), and a product of k rounded factors drifts by a
+few ulps. A benchmark's pass@k is the mean over its problems, also summed exactly (:func:`mean_pass_at_k`).
 
-Coverage (the paper's "problems above a 5% solve rate") counts problems with c / n > threshold.
+Coverage (the paper's "problems above a 5% solve rate") counts problems with c / n > threshold. The
+threshold only means something when n resolves it: a problem needs at least
+:func:`min_successes` (n, threshold) = floor(threshold * n) + 1 successes. At n = 16 and 5% that is 1
+(1/16 = 6.25% > 5%), so coverage@5% is just "problems solved at least once" (pass@16 > 0); at n = 64 it
+is 4 (3/64 = 4.7% is not above 5%). :func:`coverage_resolution` says which case a run is in.
 
 Used by the evaluator (:mod:`eval.report`) and by the trainer's validation metrics
 (:func:`passk_metrics`, logged as ``val-passk/<data_source>/...``).
@@ -18,18 +24,16 @@ Used by the evaluator (:mod:`eval.report`) and by the trainer's validation metri
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
 DEFAULT_COVERAGE_THRESHOLD = 0.05
+RECOMMENDED_MIN_SUCCESSES = 3  # coverage should need a few successes, not one lucky sample (README)
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples.
-
-    Raises:
-        ValueError: unless 1 <= k <= n and 0 <= c <= n.
-    """
+def _check(n: int, c: int, k: int) -> tuple[int, int, int]:
     if isinstance(n, bool) or isinstance(c, bool) or isinstance(k, bool):
         raise TypeError("n, c, k must be integers, not booleans")
     n, c, k = int(n), int(c), int(k)
@@ -39,10 +43,29 @@ def pass_at_k(n: int, c: int, k: int) -> float:
         raise ValueError(f"correct count c={c} outside [0, n={n}]")
     if not 1 <= k <= n:
         raise ValueError(f"k={k} outside [1, n={n}]: pass@k needs at least k samples per problem")
+    return n, c, k
+
+
+def pass_at_k_exact(n: int, c: int, k: int) -> Fraction:
+    """Unbiased pass@k of one problem as an exact fraction: 1 - C(n - c, k) / C(n, k)."""
+    n, c, k = _check(n, c, k)
+    total = math.comb(n, k)
+    return Fraction(total - math.comb(n - c, k), total)  # comb(m, k) = 0 for m < k
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples.
+
+    The float nearest the exact value (one rounding of an integer ratio; see the module docstring).
+
+    Raises:
+        ValueError: unless 1 <= k <= n and 0 <= c <= n.
+    """
+    n, c, k = _check(n, c, k)
     if n - c < k:  # every k-subset holds a correct sample
         return 1.0
-    miss = math.prod((n - c - j) / (n - j) for j in range(k))
-    return 1.0 - miss
+    total = math.comb(n, k)
+    return (total - math.comb(n - c, k)) / total
 
 
 def default_ks(n: int) -> list[int]:
@@ -59,9 +82,64 @@ def default_ks(n: int) -> list[int]:
 
 
 def mean_pass_at_k(counts: Iterable[tuple[int, int]], k: int) -> float:
-    """Mean over problems of pass@k, ``counts`` = one ``(n, c)`` per problem (NaN for no problem)."""
-    values = [pass_at_k(n, c, k) for n, c in counts]
-    return sum(values) / len(values) if values else float("nan")
+    """Mean over problems of pass@k, ``counts`` = one ``(n, c)`` per problem (NaN for no problem).
+
+    Summed as exact fractions (one denominator C(n, k) per distinct n), rounded once at the end.
+    """
+    numerators: dict[int, int] = defaultdict(int)
+    problems = 0
+    for n, c in counts:
+        n, c, k = _check(n, c, k)
+        total = math.comb(n, k)
+        numerators[n] += total - math.comb(n - c, k)
+        problems += 1
+    if not problems:
+        return float("nan")
+    exact = sum((Fraction(num, math.comb(n, k)) for n, num in numerators.items()), Fraction(0))
+    return float(exact / problems)
+
+
+def min_successes(n: int, threshold: float = DEFAULT_COVERAGE_THRESHOLD) -> int:
+    """Fewest successes out of ``n`` that count as covered (solve rate c / n strictly above ``threshold``);
+    ``n + 1`` when none does."""
+    return next((c for c in range(n + 1) if c / n > threshold), n + 1)
+
+
+def coverage_resolution(n: int, threshold: float = DEFAULT_COVERAGE_THRESHOLD) -> dict:
+    """How well ``n`` samples resolve the coverage threshold.
+
+    Returns ``{"n", "threshold", "min_successes", "degenerate", "recommended_n"}``: ``degenerate`` when one
+    success already counts (1 / n > threshold: coverage is then "solved at least once", i.e. pass@n > 0);
+    ``recommended_n``: the smallest power of two at which a problem needs at least
+    :data:`RECOMMENDED_MIN_SUCCESSES` successes (64 for 5%).
+    """
+    need = min_successes(n, threshold)
+    rec = 1
+    while min_successes(rec, threshold) < RECOMMENDED_MIN_SUCCESSES and rec < 2**20:
+        rec *= 2
+    return {"n": n, "threshold": threshold, "min_successes": need, "degenerate": need <= 1, "recommended_n": rec}
+
+
+def coverage_warning(n: int, threshold: float = DEFAULT_COVERAGE_THRESHOLD) -> str | None:
+    """A one-line warning when ``n`` is too small for ``threshold`` (see :func:`coverage_resolution`), else None."""
+    res = coverage_resolution(n, threshold)
+    if res["min_successes"] >= RECOMMENDED_MIN_SUCCESSES:
+        return None
+    pct = f"{100 * threshold:g}%"
+    what = ("any single success counts (1/{n} = {r:.2%} > {pct}), so it only counts problems solved at least once"
+            .format(n=n, r=1 / n, pct=pct) if res["degenerate"] else
+            f"{res['min_successes']} successes out of {n} already count")
+    return (f"coverage@{pct} with n = {n}: {what}; use n >= {res['recommended_n']} "
+            f"(a problem then needs >= {min_successes(res['recommended_n'], threshold)} successes)")
+
+
+def spread(values: Sequence[float]) -> dict:
+    """Mean, sample standard deviation (n - 1 denominator; None for fewer than two values), min and max."""
+    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return {"mean": None, "std": None, "min": None, "max": None, "count": 0}
+    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else None,
+            "min": min(vals), "max": max(vals), "count": len(vals)}
 
 
 def solve_rate_histogram(counts: Sequence[tuple[int, int]]) -> list[dict]:
@@ -109,7 +187,8 @@ def summarize(counts: Sequence[tuple[int, int]], ks: Sequence[int] | None = None
         "n_min": n_min,
         "n_max": n_max,
         "pass@k": {str(k): mean_pass_at_k(counts, k) for k in ks},
-        "coverage": {"threshold": coverage_threshold, "problems": covered, "fraction": covered / len(counts)},
+        "coverage": {"threshold": coverage_threshold, "problems": covered, "fraction": covered / len(counts),
+                     "min_successes": min_successes(n_min, coverage_threshold)},
         "solve_rate": {
             "mean": sum(rates) / len(rates),
             "unsolved": sum(c == 0 for _, c in counts),

@@ -16,29 +16,31 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from eval.passk import DEFAULT_COVERAGE_THRESHOLD, default_ks, summarize
+from eval.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning, default_ks, spread, summarize
 
 SUMMARY_FILE, TABLE_FILE, PLOT_FILE, RUN_FILE = "summary.json", "results.md", "passk.png", "run.json"
+AGGREGATE_FILE, AGGREGATE_TABLE_FILE = "aggregate.json", "aggregate.md"
 
 
-def benchmark_summary(problems: list[list[dict]], n: int, coverage_threshold: float,
-                      total_rows: int | None = None) -> dict:
-    """One benchmark: pass@k etc. over its finished problems (each a list of n records)."""
-    counts = [(len(recs), sum(bool(r["correct"]) for r in recs)) for recs in problems]
+def benchmark_summary(problems: list, n: int, coverage_threshold: float, total_rows: int | None = None) -> dict:
+    """One benchmark: pass@k etc. over its finished problems, each a :class:`eval.records.ProblemStats` (or a
+    list of its n records)."""
+    from eval.records import ProblemStats
+
+    stats = [p if isinstance(p, ProblemStats) else ProblemStats.of(p) for p in problems]
+    counts = [(s.n, s.correct) for s in stats]
     out = summarize(counts, default_ks(n), coverage_threshold) if counts else summarize([], None, coverage_threshold)
-    samples = [r for recs in problems for r in recs]
-    out["problems_total"] = total_rows if total_rows is not None else len(problems)
+    out["problems_total"] = total_rows if total_rows is not None else len(stats)
+    samples = sum(s.n for s in stats)
 
-    def frac(key):
-        return sum(bool(r.get(key)) for r in samples) / len(samples) if samples else float("nan")
+    def frac(field):
+        return sum(getattr(s, field) for s in stats) / samples if samples else float("nan")
 
     out["samples_stats"] = {
-        "response_tokens_mean": (sum(r.get("response_tokens", 0) for r in samples) / len(samples)
-                                 if samples else float("nan")),
-        "truncated_frac": (sum(r.get("finish_reason") == "length" for r in samples) / len(samples)
-                           if samples else float("nan")),
-        "format_error_frac": frac("format_error"),
-        "timeout_frac": frac("timeout"),
+        "response_tokens_mean": frac("response_tokens"),
+        "truncated_frac": frac("truncated"),
+        "format_error_frac": frac("format_errors"),
+        "timeout_frac": frac("timeouts"),
     }
     return out
 
@@ -47,7 +49,7 @@ def summarize_run(done: dict, config: dict, benchmarks: dict[str, dict]) -> dict
     """``summary.json``: the run's config plus, per benchmark, pass@k over its finished problems.
 
     Args:
-        done: ``{(benchmark, problem): records}`` (complete problems only, see :mod:`eval.records`).
+        done: ``{(benchmark, problem): ProblemStats or records}`` (complete problems only, see :mod:`eval.records`).
         config: the run's settings (``n``, ``coverage_threshold``, ...), copied in.
         benchmarks: ``{name: {"path": ..., "problems_total": rows evaluated}}`` in report order.
     """
@@ -98,6 +100,9 @@ def results_table(summary: dict, title: str | None = None) -> str:
     lines.append("| " + " | ".join(["problems", *done, *([""] if avg else [])]) + " |")
     lines.append("")
     lines.append(_settings_line(cfg))
+    warning = coverage_warning(int(cfg["n"]), threshold) if "n" in cfg else None
+    if warning:
+        lines += ["", f"Note: {warning}."]
     return "\n".join(lines) + "\n"
 
 
@@ -160,6 +165,100 @@ def comparison_tables(runs: list[tuple[str, dict]], ks: list[int] | None = None)
                  if b in s["benchmarks"] else "-" for b in names]
         out.append("| " + " | ".join([label, *cells]) + " |")
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------ several checkpoints of one run
+def aggregate_runs(runs: list[tuple[str, dict]]) -> dict:
+    """Mean and spread over checkpoints (the paper's late-training averages) of each benchmark's pass@k and coverage.
+
+    Args:
+        runs: ``(label, summary)`` per checkpoint (e.g. ``("global_step_120", summary)``); all should share
+            n and the coverage threshold (a mismatch raises ``ValueError``).
+
+    Returns (JSON-ready): ``{"checkpoints": [labels], "n", "coverage_threshold", "ks", "benchmarks": {name:
+    {"pass@k": {k: spread}, "coverage": spread of covered problems, "coverage_frac": spread, "problems":
+    [per checkpoint], "complete": bool}}}``, a spread being :func:`eval.passk.spread` (mean, sample std, min,
+    max, count) plus ``values`` (one per checkpoint, None where that checkpoint lacks the benchmark).
+    """
+    if not runs:
+        raise ValueError("no checkpoints to aggregate")
+    configs = [s.get("config", {}) for _, s in runs]
+    for key in ("n", "coverage_threshold"):
+        seen = {c.get(key) for c in configs}
+        if len(seen) > 1:
+            raise ValueError(f"checkpoints evaluated with different {key}: {sorted(map(str, seen))}")
+    ks = sorted(set.intersection(*(set(s["ks"]) for _, s in runs)))
+    names: list[str] = []
+    for _, s in runs:
+        names += [b for b in s["benchmarks"] if b not in names]
+
+    def with_values(values):
+        return {**spread(values), "values": values}
+
+    benchmarks = {}
+    for name in names:
+        per = [s["benchmarks"].get(name) for _, s in runs]
+        got = [b for b in per if b and b["problems"]]
+        benchmarks[name] = {
+            "pass@k": {str(k): with_values([b["pass@k"][str(k)] if b and b["problems"] else None for b in per])
+                       for k in ks},
+            "coverage": with_values([b["coverage"]["problems"] if b and b["problems"] else None for b in per]),
+            "coverage_frac": with_values([b["coverage"]["fraction"] if b and b["problems"] else None for b in per]),
+            "problems": [b["problems"] if b else 0 for b in per],
+            "complete": len(got) == len(per) and all(b["problems"] == b.get("problems_total", b["problems"])
+                                                     for b in got),
+        }
+    return {"checkpoints": [label for label, _ in runs], "n": configs[0].get("n"),
+            "coverage_threshold": configs[0].get("coverage_threshold", DEFAULT_COVERAGE_THRESHOLD), "ks": ks,
+            "benchmarks": benchmarks}
+
+
+def _num(x, pct: bool) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{100 * x:.1f}" if pct else f"{x:.2f}"
+
+
+def aggregate_table(agg: dict, title: str | None = None) -> str:
+    """Markdown of :func:`aggregate_runs`: per metric, mean ± std [min, max] over the checkpoints."""
+    names = list(agg["benchmarks"])
+    threshold = agg["coverage_threshold"]
+    lines = [f"## {title}", ""] if title else []
+    lines += [f"Mean ± sample std [min, max] over {len(agg['checkpoints'])} checkpoints "
+              f"({', '.join(agg['checkpoints'])}); n = {agg['n']} samples per problem.", "",
+              "| metric | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+
+    def cell(sp, pct):
+        if sp["mean"] is None:
+            return "-"
+        std = "" if sp["std"] is None else f" ± {_num(sp['std'], pct)}"
+        return f"{_num(sp['mean'], pct)}{std} [{_num(sp['min'], pct)}, {_num(sp['max'], pct)}]"
+
+    for k in agg["ks"]:
+        lines.append("| " + " | ".join([f"pass@{k} (%)", *(cell(agg["benchmarks"][b]["pass@k"][str(k)], True)
+                                                        for b in names)]) + " |")
+    lines.append("| " + " | ".join([f"coverage (problems, solve rate > {100 * threshold:g}%)",
+                                    *(cell(agg["benchmarks"][b]["coverage"], False) for b in names)]) + " |")
+    lines.append("| " + " | ".join(["problems", *(" / ".join(map(str, agg["benchmarks"][b]["problems"]))
+                                                  for b in names)]) + " |")
+    warning = coverage_warning(int(agg["n"]), threshold) if agg.get("n") else None
+    if warning:
+        lines += ["", f"Note: {warning}."]
+    incomplete = [b for b in names if not agg["benchmarks"][b]["complete"]]
+    if incomplete:
+        lines += ["", f"Incomplete (some checkpoint has unfinished problems): {', '.join(incomplete)}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_aggregate(out_dir: str | Path, runs: list[tuple[str, dict]], title: str) -> dict[str, Path]:
+    """``aggregate.json`` and ``aggregate.md`` in ``out_dir`` from the checkpoints' summaries."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    agg = aggregate_runs(runs)
+    paths = {"summary": out_dir / AGGREGATE_FILE, "table": out_dir / AGGREGATE_TABLE_FILE}
+    paths["summary"].write_text(json.dumps(_json_safe(agg), indent=1, allow_nan=False) + "\n")
+    paths["table"].write_text(aggregate_table(agg, title))
+    return paths
 
 
 def load_run(path: str | Path) -> tuple[str, dict]:

@@ -4,6 +4,12 @@ Generation runs in the calling thread; scoring (the training reward, :func:`gapo
 and recording run in one background thread, so the code sandbox and math-verify work while the next
 batch generates. Records are appended per problem (see :mod:`eval.records`); the reports are written at
 the end, and ``python -m eval report OUT`` rebuilds them from the records at any time.
+
+Memory does not grow with n x problems: each generate call holds at most ``batch_size`` samples (a problem
+with n > batch_size is split into slices of ``batch_size`` samples, written as they are scored), at most two
+scored-but-unwritten calls wait, and the store keeps per-problem counts only. Every sample keeps its own
+seed (:func:`eval.generate.sample_seed`), and slices start at multiples of ``batch_size``, where the HF
+backend starts a new generator chunk anyway: the records are the same as generating the problem whole.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 from eval.checkpoint import resolve_model
 from eval.data import Benchmark, Problem, load_benchmarks
 from eval.generate import Request, SamplingConfig, encode_prompt, make_backend, render_prompt, sample_seed
-from eval.passk import DEFAULT_COVERAGE_THRESHOLD
+from eval.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning
 from eval.records import SampleStore
 from eval.report import RUN_FILE, summarize_run, write_reports
 
@@ -89,9 +95,9 @@ def _check_resume(out: Path, run: dict) -> dict:
     return old
 
 
-def _records(problem: Problem, seeds: list[int], completions, results: list[dict]) -> list[dict]:
+def _records(problem: Problem, seeds: list[int], completions, results: list[dict], first: int = 0) -> list[dict]:
     recs = []
-    for i, (seed, comp, res) in enumerate(zip(seeds, completions, results, strict=True)):
+    for i, (seed, comp, res) in enumerate(zip(seeds, completions, results, strict=True), start=first):
         rec = {"benchmark": problem.benchmark, "problem": problem.index, "id": problem.id,
                "data_source": problem.data_source, "sample": i, "seed": seed, "response": comp.text,
                "pred": res.get("pred", ""), "correct": bool(res.get("acc", False)),
@@ -102,6 +108,36 @@ def _records(problem: Problem, seeds: list[int], completions, results: list[dict
                 rec[key] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
         recs.append(rec)
     return recs
+
+
+@dataclass
+class Piece:
+    """Samples ``first .. first + len(seeds) - 1`` of one problem: the unit of generation and of writing."""
+
+    problem: Problem
+    first: int
+    seeds: list[int]
+
+
+def plan_calls(problems: list[Problem], n: int, batch_size: int, seed: int) -> list[list[Piece]]:
+    """Generate calls of at most ``batch_size`` samples each: whole problems packed together while they fit
+    (as many as ``batch_size // n``), a problem with more samples than that in slices of ``batch_size``."""
+    batch_size = max(1, int(batch_size))
+    calls: list[list[Piece]] = []
+    current: list[Piece] = []
+    size = 0
+    for p in problems:
+        for first in range(0, n, batch_size):
+            count = min(batch_size, n - first)
+            if current and size + count > batch_size:
+                calls.append(current)
+                current, size = [], 0
+            current.append(Piece(p, first, [sample_seed(seed, p.benchmark, p.index, i)
+                                             for i in range(first, first + count)]))
+            size += count
+    if current:
+        calls.append(current)
+    return calls
 
 
 def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> dict:
@@ -148,6 +184,9 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
     recorded_before = len(done)
     _log(f"[eval] {resolved.kind} model {resolved.path}; {len(problems)} problems in {len(benches)} benchmark(s), "
          f"{len(problems) - len(todo)} already recorded, {len(todo)} to run; n={cfg.n}, backend={backend_name}")
+    warning = coverage_warning(cfg.n, cfg.coverage_threshold)
+    if warning:
+        _log(f"[eval] note: {warning}")
     gen_s = 0.0
     stopped = False
     if todo:
@@ -177,7 +216,6 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
 def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, score_fn) -> tuple[float, bool]:
     from tqdm import tqdm
 
-    per_call = max(1, batch_size // cfg.n)  # problems per generate call
     total = len(todo) * cfg.n
     bar_kw = {"total": total, "unit": "sample", "disable": not cfg.progress, "dynamic_ncols": True,
               "file": sys.stderr, "mininterval": 0.5 if sys.stderr.isatty() else 10.0}
@@ -185,43 +223,56 @@ def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, s
     score_bar = tqdm(desc="score   ", position=1, **bar_kw)
     recorded = 0
     gen_s = 0.0
+    encoded: dict[tuple[str, int], list[int]] = {}  # prompt ids of a problem split over several calls
 
-    def score_and_record(chunk, seeds, completions):
+    def stop_now() -> bool:
+        return cfg.stop_after is not None and recorded >= cfg.stop_after
+
+    def score_and_record(pieces, completions):
         nonlocal recorded
-        if cfg.stop_after is not None and recorded >= cfg.stop_after:
+        if stop_now():
             raise Stopped
-        flat = [(p, c) for p, comps in zip(chunk, completions) for c in comps]
+        flat = [(piece.problem, c) for piece, comps in zip(pieces, completions) for c in comps]
         results = score_fn([p.data_source for p, _ in flat], [c.text for _, c in flat],
                            [p.ground_truth for p, _ in flat], [p.extra_info for p, _ in flat],
                            require_think=require_think)
         pos = 0
-        for p, s, comps in zip(chunk, seeds, completions):
-            if cfg.stop_after is not None and recorded >= cfg.stop_after:
+        for piece, comps in zip(pieces, completions):
+            if stop_now():
                 raise Stopped
-            store.append(_records(p, s, comps, results[pos:pos + len(comps)]))
+            finished = store.append(_records(piece.problem, piece.seeds, comps, results[pos:pos + len(comps)],
+                                             piece.first))
             pos += len(comps)
-            recorded += 1
+            recorded += len(finished)
             score_bar.update(len(comps))
+
+    def prompt_ids(p: Problem) -> list[int]:
+        key = (p.benchmark, p.index)
+        ids = encoded.pop(key, None) or encode_prompt(tokenizer, render_prompt(tokenizer, p.prompt))
+        if cfg.n > batch_size:
+            encoded[key] = ids  # more slices of this problem follow (dropped with its last slice)
+        return ids
 
     pending: list[Future] = []
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval-score") as pool:
-            for start in range(0, len(todo), per_call):
+            for pieces in plan_calls(todo, cfg.n, batch_size, cfg.seed):
                 if pending and pending[0].done():
                     pending.pop(0).result()  # surface scoring errors (and Stopped) early
-                if cfg.stop_after is not None and recorded >= cfg.stop_after:
+                if stop_now():
                     raise Stopped
-                chunk = todo[start:start + per_call]
-                seeds = [[sample_seed(cfg.seed, p.benchmark, p.index, i) for i in range(cfg.n)] for p in chunk]
-                reqs = [Request(encode_prompt(tokenizer, render_prompt(tokenizer, p.prompt)), s)
-                        for p, s in zip(chunk, seeds)]
+                reqs = []
+                for piece in pieces:
+                    reqs.append(Request(prompt_ids(piece.problem), piece.seeds))
+                    if piece.first + len(piece.seeds) >= cfg.n:
+                        encoded.pop((piece.problem.benchmark, piece.problem.index), None)
                 t0 = time.time()
                 completions = backend.generate(reqs)
                 gen_s += time.time() - t0
                 gen_bar.update(sum(len(c) for c in completions))
                 while len(pending) >= 2:  # bound the memory held by unscored batches
                     pending.pop(0).result()
-                pending.append(pool.submit(score_and_record, chunk, seeds, completions))
+                pending.append(pool.submit(score_and_record, pieces, completions))
             while pending:
                 pending.pop(0).result()
     except Stopped:
@@ -232,4 +283,3 @@ def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, s
         gen_bar.close()
         score_bar.close()
     return gen_s, False
-

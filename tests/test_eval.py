@@ -493,3 +493,234 @@ def test_end_to_end_from_a_verl_checkpoint_and_resume(e2e):
     # other settings in the same folder are refused
     proc = subprocess.run([*cmd, "--n", "2"], cwd=ROOT, env=e2e["env"], capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "other settings" in proc.stderr
+
+
+# ------------------------------------------------------------ large n: exact estimator, bounded memory
+def test_estimator_is_exact_at_n_256():
+    """pass@k of n = 256 (the Qwen / Llama evaluations report pass@256) is the float nearest the exact
+    fraction for every c and every reported k; the benchmark mean is rounded once from the exact sum."""
+    from eval.passk import pass_at_k_exact
+
+    n = 256
+    for k in default_ks(n):
+        for c in range(n + 1):
+            exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+            assert pass_at_k_exact(n, c, k) == exact
+            assert pass_at_k(n, c, k) == float(exact), (c, k)
+    counts = [(n, c) for c in (0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 256)] + [(255, 1), (300, 7)]
+    for k in (1, 16, 64, 128, 255):
+        exact = sum(1 - Fraction(math.comb(m - c, k), math.comb(m, k)) for m, c in counts) / len(counts)
+        assert mean_pass_at_k(counts, k) == float(exact), k
+    assert pass_at_k(1100, 1, 550) == 0.5  # C(1100, 550) overflows a float; the integer ratio does not
+
+
+def test_calls_hold_at_most_batch_size_samples_and_keep_per_sample_seeds():
+    from eval.data import Problem
+    from eval.generate import sample_seed
+    from eval.runner import plan_calls
+
+    problems = [Problem("b", i, str(i), "aime24", "p", "1") for i in range(3)]
+    calls = plan_calls(problems, n=10, batch_size=4, seed=5)
+    assert [[(pc.problem.index, pc.first, len(pc.seeds)) for pc in call] for call in calls] == [
+        [(i, first, 2 if first == 8 else 4)] for i in range(3) for first in (0, 4, 8)]
+    assert [[(pc.problem.index, pc.first, len(pc.seeds)) for pc in call] for call in plan_calls(problems, 6, 4, 0)] == [
+        [(0, 0, 4)], [(0, 4, 2)], [(1, 0, 4)], [(1, 4, 2)], [(2, 0, 4)], [(2, 4, 2)]]
+    for p in problems:  # every sample once, in order, with its own seed; slices start at multiples of 4
+        pieces = [pc for call in calls for pc in call if pc.problem is p]
+        assert [pc.first for pc in pieces] == [0, 4, 8]
+        assert [s for pc in pieces for s in pc.seeds] == [sample_seed(5, "b", p.index, i) for i in range(10)]
+    # n <= batch_size: whole problems, batch_size // n of them per call (as before)
+    assert [[pc.problem.index for pc in call] for call in plan_calls(problems, 4, 8, 0)] == [[0, 1], [2]]
+
+
+def test_large_n_runs_in_bounded_calls_keeps_counts_only_and_resumes_mid_problem(tmp_path, tiny_model):
+    """n = 256 with batch_size 64: no generate call holds more than 64 samples (a problem is generated in four
+    slices), the store holds per-problem counts and no response, pass@k is exact, and a run killed in the middle
+    of a problem's slices resumes to the same records."""
+    from eval.data import load_benchmarks
+    from eval.passk import pass_at_k as pk
+    from eval.records import ProblemStats, SampleStore
+    from eval.runner import EvalConfig, evaluate
+
+    data = prepare_math(tmp_path / "math", limit=2)
+    specs = [str(data / "aime24.parquet")]
+    n, calls = 256, []
+
+    class Counting(ScriptedBackend):
+        def expected_c(self, index):
+            return 3 + 100 * index  # 3 / 256 and 103 / 256
+
+        def generate(self, requests):
+            calls.append(sum(len(r.seeds) for r in requests))
+            return super().generate(requests)
+
+    backend = Counting(load_benchmarks(specs), seed=0, n=n)
+    cfg = EvalConfig(model=str(tiny_model), benchmarks=specs, out=str(tmp_path / "out"), n=n, batch_size=64,
+                     max_new_tokens=8, progress=False)
+    summary = evaluate(cfg, backend_factory=lambda *a, **kw: backend)
+    assert calls and max(calls) <= 64 and sum(calls) == 2 * n
+    bench = summary["benchmarks"]["aime24"]
+    assert summary["ks"][-1] == 256 and bench["problems"] == 2
+    for k in summary["ks"]:
+        exact = sum(1 - Fraction(math.comb(n - c, k), math.comb(n, k)) for c in (3, 103)) / 2
+        assert bench["pass@k"][str(k)] == float(exact), k
+        assert bench["pass@k"][str(k)] == pytest.approx((pk(n, 3, k) + pk(n, 103, k)) / 2)
+    assert bench["coverage"]["problems"] == 1 and bench["coverage"]["min_successes"] == 13  # 3/256 < 5% < 103/256
+    done = SampleStore(tmp_path / "out", n).load()
+    assert all(isinstance(s, ProblemStats) for s in done.values())
+    assert sorted((s.n, s.correct) for s in done.values()) == [(256, 3), (256, 103)]
+    assert not any(isinstance(v, (list, dict, str)) for s in done.values() for v in vars(s).values())
+
+    path = tmp_path / "out" / "samples.jsonl"
+    records = path.read_text().splitlines(keepends=True)
+    assert len(records) == 2 * n
+    path.write_text("".join(records[: n + 100]))  # killed after the second problem's first slice and some more
+    calls.clear()
+    resumed = evaluate(cfg, backend_factory=lambda *a, **kw: backend)
+    assert sum(calls) == n  # only the unfinished problem is generated again
+    assert resumed["benchmarks"] == summary["benchmarks"]
+    def key(line):
+        r = json.loads(line)
+        return r["problem"], r["sample"], r["seed"], r["response"], r["correct"]
+
+    assert sorted(map(key, path.read_text().splitlines())) == sorted(map(key, records))
+
+
+def test_chunked_hf_generation_gives_the_same_records_as_whole_problems(tmp_path, tiny_model):
+    """With n > batch_size a problem is generated in slices at multiples of batch_size, where the HF backend
+    reseeds anyway: its texts equal one request carrying all n seeds (the unchunked generation)."""
+    from eval.data import load_benchmarks
+    from eval.generate import HFBackend, Request, SamplingConfig, encode_prompt, render_prompt, sample_seed
+    from eval.runner import EvalConfig, evaluate
+
+    data = prepare_math(tmp_path / "math", limit=1)
+    specs = [str(data / "aime24.parquet"), str(data / "math500.parquet")]
+    n, bs = 8, 4
+    cfg = EvalConfig(model=str(tiny_model), benchmarks=specs, out=str(tmp_path / "out"), n=n, batch_size=bs,
+                     max_new_tokens=4, backend="hf", seed=2, progress=False)
+    evaluate(cfg)
+    records = [json.loads(x) for x in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    hf = HFBackend(str(tiny_model), SamplingConfig(0.6, 0.95, 4), batch_size=bs)
+    for bench in load_benchmarks(specs):
+        for p in bench.problems:
+            seeds = [sample_seed(2, p.benchmark, p.index, i) for i in range(n)]
+            whole = hf.generate([Request(encode_prompt(hf.tokenizer, render_prompt(hf.tokenizer, p.prompt)), seeds)])
+            got = sorted((r for r in records if (r["benchmark"], r["problem"]) == (p.benchmark, p.index)),
+                         key=lambda r: r["sample"])
+            assert [r["seed"] for r in got] == seeds
+            assert [(r["response"], r["response_tokens"], r["finish_reason"]) for r in got] == [
+                (c.text, c.tokens, c.finish_reason) for c in whole[0]]
+
+
+# ------------------------------------------------------------ coverage as the paper reports it
+def test_coverage_threshold_needs_enough_samples():
+    """5% at n = 16: one success (6.25%) already counts. At n = 64 a problem needs 4 (3/64 = 4.7% does not)."""
+    from eval.passk import coverage_resolution, coverage_warning, min_successes
+
+    assert summarize([(16, 1)])["coverage"]["problems"] == 1
+    assert summarize([(64, 3)])["coverage"]["problems"] == 0
+    assert summarize([(64, 4)])["coverage"]["problems"] == 1
+    assert (min_successes(16, 0.05), min_successes(20, 0.05), min_successes(64, 0.05)) == (1, 2, 4)
+    assert coverage_resolution(16)["degenerate"] and not coverage_resolution(64)["degenerate"]
+    assert coverage_resolution(16)["recommended_n"] == 64
+    assert "any single success counts (1/16 = 6.25% > 5%)" in coverage_warning(16, 0.05)
+    assert "use n >= 64" in coverage_warning(16, 0.05) and coverage_warning(64, 0.05) is None
+    assert coverage_warning(16, 0.2) is None  # 4/16 needed: fine
+    s = summarize([(16, 1), (16, 0)], coverage_threshold=0.1)
+    assert s["coverage"]["problems"] == 0 and s["coverage"]["min_successes"] == 2
+
+
+def _fake_summary(cs, n, threshold=0.05, label="x"):
+    from eval.records import ProblemStats
+    from eval.report import summarize_run
+
+    done = {("bench", i): ProblemStats(n=n, correct=c) for i, c in enumerate(cs)}
+    return summarize_run(done, {"n": n, "coverage_threshold": threshold, "label": label},
+                         {"bench": {"path": "b.parquet", "problems_total": len(cs)}})
+
+
+def test_aggregate_over_checkpoints_gives_exact_mean_and_spread():
+    import statistics
+
+    from eval.report import aggregate_runs, aggregate_table
+
+    n = 64
+    per_ckpt = [[0, 3, 4, 64], [1, 8, 16, 32], [4, 4, 4, 60]]  # covered at 5% (>= 4 of 64): 2, 3, 4
+    runs = [(f"global_step_{s}", _fake_summary(cs, n)) for s, cs in zip((100, 120, 140), per_ckpt)]
+    agg = aggregate_runs(runs)
+    b = agg["benchmarks"]["bench"]
+    assert agg["checkpoints"] == ["global_step_100", "global_step_120", "global_step_140"]
+    assert b["coverage"]["values"] == [2, 3, 4]
+    assert (b["coverage"]["mean"], b["coverage"]["std"], b["coverage"]["min"], b["coverage"]["max"]) == (3, 1, 2, 4)
+    p1 = [sum(cs) / (n * len(cs)) for cs in per_ckpt]
+    assert b["pass@k"]["1"]["values"] == pytest.approx(p1, abs=0)
+    assert b["pass@k"]["1"]["mean"] == pytest.approx(statistics.fmean(p1), abs=1e-15)
+    assert b["pass@k"]["1"]["std"] == pytest.approx(statistics.stdev(p1), abs=1e-15)
+    assert b["pass@k"]["64"]["values"] == [0.75, 1.0, 1.0]
+    table = aggregate_table(agg, "run")
+    assert "| coverage (problems, solve rate > 5%) | 3.00 ± 1.00 [2.00, 4.00] |" in table
+    with pytest.raises(ValueError, match="different n"):
+        aggregate_runs([runs[0], ("other", _fake_summary([1], 16))])
+
+
+def test_cli_evaluates_a_step_range_of_checkpoints_and_aggregates(tmp_path):
+    from eval.__main__ import eval_parser, parse_steps, run_checkpoints, select_checkpoints
+
+    run_dir = tmp_path / "ckpts"
+    for step in (80, 100, 120, 140, 160, 200):
+        (run_dir / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("200")
+    assert parse_steps("100:200") == (100, 200, None) and parse_steps("100:200:40") == (100, 200, 40)
+    assert parse_steps("160,100") == [100, 160]
+    for bad in ("200:100", "1:2:0", "a:b", "", "1:2:3:4"):
+        with pytest.raises(ValueError, match="--steps"):
+            parse_steps(bad)
+    assert [s for s, _ in select_checkpoints(run_dir, "100:160")] == [100, 120, 140, 160]
+    assert [s for s, _ in select_checkpoints(run_dir, "100:200:40")] == [100, 140]
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint for step\(s\) \[110\]; it has: 80, 100, 120"):
+        select_checkpoints(run_dir, "100,110")
+
+    args = eval_parser().parse_args(["--run-dir", str(run_dir), "--steps", "100:140", "--bench", "b", "--n", "64",
+                                     "--out", str(tmp_path / "agg"), "--coverage-threshold", "0.05"])
+    cs = {100: [0, 4], 120: [8, 9], 140: [64, 3]}
+    seen = []
+
+    def fake_evaluate(cfg, overwrite=False):
+        step = int(Path(cfg.model).name.split("_")[-1])
+        seen.append((step, cfg.out, cfg.n, cfg.coverage_threshold))
+        return _fake_summary(cs[step], cfg.n, cfg.coverage_threshold, cfg.label)
+
+    assert run_checkpoints(args, select_checkpoints(run_dir, args.steps), fake_evaluate) == 0
+    assert seen == [(s, str(tmp_path / "agg" / f"global_step_{s}"), 64, 0.05) for s in (100, 120, 140)]
+    agg = json.loads((tmp_path / "agg" / "aggregate.json").read_text())
+    assert agg["benchmarks"]["bench"]["coverage"]["values"] == [1, 2, 1]
+    assert agg["n"] == 64 and agg["checkpoints"] == ["global_step_100", "global_step_120", "global_step_140"]
+    assert "pass@64" in (tmp_path / "agg" / "aggregate.md").read_text()
+    with pytest.raises(SystemExit):  # --model and --run-dir are alternatives
+        eval_parser().parse_args(["--model", "m", "--run-dir", str(run_dir), "--bench", "b"])
+
+
+def test_training_validation_uses_the_configured_coverage_threshold(monkeypatch):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from gapo.verl_plugin.trainer import GAPOTrainer, val_passk_metrics
+
+    infos = {"reward": [1.0] + [0.0] * 15 + [1.0] * 2 + [0.0] * 14, "acc": None}
+    sources, uids = ["s"] * 32, ["u"] * 16 + ["v"] * 16
+    default = val_passk_metrics(sources, uids, infos)
+    assert default["val-passk/s/coverage@5%"] == 2.0  # 1/16 and 2/16 are both above 5%
+    m = val_passk_metrics(sources, uids, infos, coverage_threshold=0.1)
+    assert m["val-passk/s/coverage@10%"] == 1.0 and "val-passk/s/coverage@5%" not in m
+    with pytest.raises(ValueError, match="val_coverage_threshold"):
+        val_passk_metrics(sources, uids, infos, coverage_threshold=5)
+
+    monkeypatch.setattr(PPOTrainerSync, "_val_metrics_update", lambda self, *a, **kw: {}, raising=False)
+    trainer = GAPOTrainer.__new__(GAPOTrainer)
+    trainer._gapo = SimpleNamespace(success_threshold=0.5)
+    trainer.config = OmegaConf.create({"trainer": {"val_coverage_threshold": 0.1}})
+    assert trainer._val_metrics_update(sources, uids, infos, None)["val-passk/s/coverage@10%"] == 1.0
+    trainer.config = OmegaConf.create({"trainer": {}})
+    assert trainer._val_metrics_update(sources, uids, infos, None)["val-passk/s/coverage@5%"] == 2.0

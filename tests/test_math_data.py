@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +13,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from gapo.data import DATASETS, INSTRUCTION, get_spec, load_rows, prepare, to_parquet
-from gapo.data.math_datasets import convert_rows, normalize_answer, read_local_file
+from gapo.data.math_datasets import (
+    MissingColumnWarning,
+    RowCountWarning,
+    convert_rows,
+    normalize_answer,
+    read_local_file,
+)
 from gapo.data.prepare_math import main as cli_main
 from tests.conftest import load_with_verl
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "math"
-NAMES = ("deepscaler", "aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+NAMES = ("deepscaler", "aime24", "aime25", "amc23", "amc22_23", "math500", "minerva", "olympiadbench")
 
 # Hand-checked ground truths of the fixture rows, after post-processing.
 EXPECTED_GROUND_TRUTH = {
@@ -26,6 +33,7 @@ EXPECTED_GROUND_TRUTH = {
     "aime24": ["204", "25", "809"],
     "aime25": ["70", "16", "117"],
     "amc23": ["27", "4", "8", "18"],  # float64 in the source: 27.0 -> "27"
+    "amc22_23": ["142", "144", "8"],  # AI-MO/aimo-validation-amc stores floats too
     "math500": [r"\left( 3, \frac{\pi}{2} \right)", "26000", r"\frac{14}{3}"],
     "minerva": ["3.83e35", "1.6", "2.5"],
     "olympiadbench": ["130", r"\frac{1}{2}", "2, 3"],  # lists, $...$ unwrapped, joined
@@ -54,13 +62,87 @@ def test_registry_names_are_the_reward_data_sources():
 
 
 def test_unknown_dataset_names_the_valid_ones():
-    with pytest.raises(KeyError, match="valid: deepscaler, aime24, aime25, amc23, math500, minerva, olympiadbench"):
+    with pytest.raises(KeyError, match="valid: deepscaler, aime24, aime25, amc23, amc22_23, math500, minerva, "
+                                       "olympiadbench"):
         get_spec("gsm8k")
 
 
 def test_instruction_is_deepscalers():
     assert INSTRUCTION == "Let's think step by step and output the final answer within \\boxed{}."
     assert "\\boxed{}" in INSTRUCTION and "\\\\" not in INSTRUCTION  # one literal backslash
+
+
+def test_both_amc_sets_are_registered_under_their_own_names():
+    """DeepScaleR's AMC is 83 problems (AMC 12 2022 + 2023, rllm's amc.json = AI-MO/aimo-validation-amc);
+    amc23 (math-ai/amc23) is the 40 problems of 2023 only. Both are offered, named apart."""
+    from gapo.rewards import get_scorer
+
+    amc23, amc = get_spec("amc23"), get_spec("amc22_23")
+    assert (amc23.hub_name, amc23.split, amc23.expected_rows) == ("math-ai/amc23", "test", 40)
+    assert (amc.hub_name, amc.split, amc.expected_rows) == ("AI-MO/aimo-validation-amc", "train", 83)
+    assert (amc.question_field, amc.answer_field, amc.id_field) == ("problem", "answer", "id")
+    assert "DeepScaleR" in amc.note and "2022 + 2023" in amc.note and "2023 only" in amc23.note
+    assert get_scorer("amc22_23") is get_scorer("amc23")  # the math reward takes both
+    rows = load_rows(amc, fixture("amc22_23"))
+    assert [r["extra_info"]["raw_answer"] for r in rows] == ["142.0", "144.0", "8.0"]
+    assert [r["extra_info"]["source_id"] for r in rows] == ["0", "1", "82"]
+
+
+# --- OlympiadBench: copies with other columns -------------------------------------------------------
+
+
+def _olympiad_copy(tmp_path, rows: list[dict]) -> Path:
+    path = tmp_path / "olympiadbench.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_olympiadbench_accepts_a_string_answer_column_and_warns_about_missing_optional_columns(tmp_path):
+    # the hub's math-ai/olympiadbench (~251 kB for 675 problems): question and a string `answer`, no solution
+    src = _olympiad_copy(tmp_path, [{"question": "Compute $1+1$.", "answer": "$2$"},
+                                    {"question": "Find $x$.", "answer": "\\frac{1}{2}"}])
+    with pytest.warns(MissingColumnWarning, match=r"no column\(s\) \['id', 'solution', 'subfield'\]") as caught:
+        rows = load_rows(get_spec("olympiadbench"), src)
+    assert "['solution', 'source_id', 'subject'] will be null" in str(caught[0].message)
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "\\frac{1}{2}"]
+    assert rows[0]["extra_info"]["raw_answer"] == "$2$" and rows[0]["extra_info"]["solution"] is None
+
+
+def test_olympiadbench_accepts_the_list_column_of_either_name(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # OlympiadBench's own columns: nothing missing, nothing to warn about
+        own = load_rows(get_spec("olympiadbench"), fixture("olympiadbench"))
+    assert [r["reward_model"]["ground_truth"] for r in own] == EXPECTED_GROUND_TRUTH["olympiadbench"]
+    assert all(r["extra_info"]["solution"] for r in own)
+    # DeepScaleR's olympiad_bench.json: problem / answer (a list), solution, subfield, id
+    src = _olympiad_copy(tmp_path, [{"id": 7, "problem": "Find all $n$.", "answer": ["$2$", "$3$"],
+                                     "solution": ["Try small $n$."], "subfield": "Algebra"}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = load_rows(get_spec("olympiadbench"), src)
+    assert rows[0]["reward_model"]["ground_truth"] == "2, 3" and rows[0]["extra_info"]["raw_answer"] == '["$2$", "$3$"]'
+    assert (rows[0]["extra_info"]["source_id"], rows[0]["extra_info"]["subject"]) == ("7", "Algebra")
+    bad = _olympiad_copy(tmp_path, [{"question": "q", "solution": "s"}])
+    with pytest.raises(KeyError, match="no column\\(s\\) \\['final_answer' or 'answer'\\]"):
+        load_rows(get_spec("olympiadbench"), bad)
+
+
+def test_olympiadbench_expects_675_rows_and_warns_on_another_count(tmp_path, monkeypatch, capsys):
+    import gapo.data.math_datasets as md
+
+    spec = get_spec("olympiadbench")
+    assert spec.expected_rows == 675
+    row = {"question": "Compute $1+1$.", "final_answer": ["$2$"], "solution": ["2"], "subfield": "A", "id": 1}
+    monkeypatch.setattr(md, "read_hub", lambda spec, hub_name=None: [dict(row, id=i) for i in range(rows)])
+    rows = 674
+    with pytest.warns(RowCountWarning, match=r"674 rows in hub math-ai/olympiadbench \(test\), 675 expected "
+                                             r"\(.*674 is another release's count\)"):
+        summary = prepare(spec, out_dir=tmp_path / "a")
+    assert summary.rows_written == 674 and "675 expected" in capsys.readouterr().out
+    rows = 675
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert prepare(spec, out_dir=tmp_path / "b").rows_written == 675
 
 
 # --- conversion of each dataset from its fixture ------------------------------------------------
@@ -227,7 +309,7 @@ def test_cli_all_from_a_directory(tmp_path, capsys):
     summaries = cli_main(["--dataset", "all", "--source", str(FIXTURES), "--out", str(tmp_path)])
     assert [s.data_source for s in summaries] == list(NAMES)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{n}.parquet" for n in NAMES)
-    assert "done: 22 rows in 7 files" in capsys.readouterr().out
+    assert "done: 25 rows in 8 files" in capsys.readouterr().out
 
 
 def test_cli_unknown_dataset_lists_valid_names(capsys):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,11 +49,16 @@ class MathDatasetSpec:
         role: ``extra_info["split"]`` of the rows: ``train`` for the RL training set, ``test`` for benchmarks.
         question_field: Column holding the problem statement.
         answer_field: Column holding the final answer (a string, a number, or a list of strings).
+        alt_question_fields, alt_answer_fields: Other names the same column has in other copies of the dataset,
+            tried in order when the main one is absent (OlympiadBench: ``final_answer`` or ``answer``).
         subset: Hub config name, if the dataset has several.
-        solution_field, level_field, subject_field, id_field: Optional columns copied into ``extra_info``.
+        solution_field, level_field, subject_field, id_field: Optional columns copied into ``extra_info``. One
+            that the source lacks is written as null with a :class:`MissingColumnWarning` (never silently).
         strip_dollars: Unwrap answers written whole in ``$...$`` or ``$$...$$`` (OlympiadBench writes
             ``$\\frac{1}{2}$``); also on for the sets whose answers were not all seen (DeepScaleR, Minerva).
-        expected_rows: Row count of the hub split, for the summary (None if unknown).
+        expected_rows: Row count of the hub split (None if unknown); a hub split of another size gets a
+            :class:`RowCountWarning`.
+        note: What to know about this copy (shown by ``--help`` listings and in the row-count warning).
     """
 
     data_source: str
@@ -68,6 +74,24 @@ class MathDatasetSpec:
     id_field: str | None = None
     strip_dollars: bool = False
     expected_rows: int | None = None
+    alt_question_fields: tuple[str, ...] = ()
+    alt_answer_fields: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def optional_fields(self) -> dict[str, str]:
+        """``{extra_info key: source column}`` of the optional columns this spec copies."""
+        named = {"solution": self.solution_field, "level": self.level_field, "subject": self.subject_field,
+                 "source_id": self.id_field}
+        return {key: column for key, column in named.items() if column is not None}
+
+
+class MissingColumnWarning(UserWarning):
+    """An optional column of the spec is absent from the source: its ``extra_info`` key is null in every row."""
+
+
+class RowCountWarning(UserWarning):
+    """The hub split does not have the expected number of rows (another release of the dataset)."""
 
 
 _SPECS = (
@@ -93,6 +117,16 @@ _SPECS = (
     MathDatasetSpec(
         data_source="amc23", hub_name="math-ai/amc23", split="test", role="test",
         question_field="question", answer_field="answer", id_field="id", expected_rows=40,
+        note="AMC 12 2023 only (40 problems): the AMC column of the Qwen2.5-Math / SimpleRL-style evaluations",
+    ),
+    # DeepScaleR's AMC set: rllm's rllm/data/test/math/amc.json (83 rows: problem, answer as float 142.0, url of
+    # the AoPS wiki page, difficulty), AMC 12 2022 + 2023 (urls 2022_AMC_12A ... 2023_AMC_12B). That is the hub's
+    # AI-MO/aimo-validation-amc (split "train", 83 rows: id, problem, answer (float), url), as several loaders
+    # read it ("AMC (AMC-22 and AMC-23)"); DeepScaleR added only the difficulty column.
+    MathDatasetSpec(
+        data_source="amc22_23", hub_name="AI-MO/aimo-validation-amc", split="train", role="test",
+        question_field="problem", answer_field="answer", id_field="id", expected_rows=83,
+        note="AMC 12 2022 + 2023 (83 problems): DeepScaleR's `amc` (its README calls the column \"AMC 2023\")",
     ),
     # Card: problem, solution, answer, subject, level (int), unique_id; split "test", 500 rows.
     MathDatasetSpec(
@@ -105,12 +139,19 @@ _SPECS = (
         data_source="minerva", hub_name="math-ai/minervamath", split="test", role="test",
         question_field="question", answer_field="answer", strip_dollars=True, expected_rows=272,
     ),
-    # OlympiadBench's text-only English math competition subset (OE_TO_maths_en_COMP), one test.jsonl.
-    # OlympiadBench's own columns: final_answer and solution are lists of strings, answers in $...$.
+    # OlympiadBench's text-only English math competition subset (OE_TO_maths_en_COMP): 675 problems (the
+    # subset's size in OlympiadBench's release and in DeepScaleR's olympiad_bench.json; 674 is another
+    # release's count). Copies disagree on columns: OlympiadBench's own (and Hothan/OlympiadBench) have
+    # question, final_answer (a list of strings, answers in $...$), solution (a list), subfield, id;
+    # DeepScaleR's has problem / answer (a list); others a string `answer`. math-ai/olympiadbench is one
+    # test.jsonl of ~251 kB, about the size of the 675 questions and answers alone (the solutions would
+    # add over 1 MB): expect its optional columns to be missing (warned, written as null).
     MathDatasetSpec(
         data_source="olympiadbench", hub_name="math-ai/olympiadbench", split="test", role="test",
         question_field="question", answer_field="final_answer", solution_field="solution",
-        subject_field="subfield", id_field="id", strip_dollars=True, expected_rows=674,
+        subject_field="subfield", id_field="id", strip_dollars=True, expected_rows=675,
+        alt_question_fields=("problem",), alt_answer_fields=("answer",),
+        note="OE_TO_maths_en_COMP has 675 problems; 674 is another release's count",
     ),
 )
 
@@ -259,23 +300,60 @@ def make_prompt(problem: str) -> str:
     return f"{problem.strip()} {INSTRUCTION}"
 
 
+def _columns(raw_rows: list[dict]) -> set[str]:
+    """Every column name the source's rows have (a JSON lines file may leave a null key out of some rows)."""
+    columns: set[str] = set()
+    for row in raw_rows:
+        columns.update(row)
+    return columns
+
+
+def resolve_columns(spec: MathDatasetSpec, raw_rows: list[dict]) -> tuple[str, str, dict[str, str | None]]:
+    """The (question, answer) columns this source uses (the spec's, else their alternatives) and the optional
+    columns, ``{extra_info key: column, or None when the source lacks it}``.
+
+    A missing optional column is a :class:`MissingColumnWarning`: its ``extra_info`` key will be null in every row.
+
+    Raises:
+        KeyError: no question or no answer column (lists the columns the source has).
+    """
+    columns = _columns(raw_rows)
+    chosen, missing = [], []
+    for main, alternatives in ((spec.question_field, spec.alt_question_fields),
+                               (spec.answer_field, spec.alt_answer_fields)):
+        found = next((c for c in (main, *alternatives) if c in columns), None)
+        chosen.append(found or main)
+        if found is None:
+            missing.append(main if not alternatives else " or ".join(repr(c) for c in (main, *alternatives)))
+    if raw_rows and missing:
+        shown = [m if " or " in m else repr(m) for m in missing]
+        raise KeyError(
+            f"{spec.data_source}: source has no column(s) [{', '.join(shown)}]; it has {sorted(columns)}. "
+            f"Expected the columns of {spec.hub_name}."
+        )
+    optional = {key: (column if column in columns else None) for key, column in spec.optional_fields.items()}
+    absent = {key: spec.optional_fields[key] for key, column in optional.items() if column is None}
+    if raw_rows and absent:
+        warnings.warn(
+            f"{spec.data_source}: the source has no column(s) {sorted(absent.values())}, so extra_info "
+            f"{sorted(absent)} will be null in every row (columns present: {sorted(columns)})",
+            MissingColumnWarning, stacklevel=3)
+    return chosen[0], chosen[1], optional
+
+
 def convert_rows(spec: MathDatasetSpec, raw_rows: list[dict]) -> tuple[list[dict], list[int]]:
     """verl rows of ``raw_rows`` in source order, and the source indices dropped for an empty answer or problem.
+
+    Columns: see :func:`resolve_columns` (alternative names accepted; a missing optional column warns).
 
     Raises:
         KeyError: the question or answer column is missing (lists the columns the source has).
     """
-    if raw_rows:
-        missing = [f for f in (spec.question_field, spec.answer_field) if f not in raw_rows[0]]
-        if missing:
-            raise KeyError(
-                f"{spec.data_source}: source has no column(s) {missing}; it has {sorted(raw_rows[0])}. "
-                f"Expected the columns of {spec.hub_name}."
-            )
+    question_field, answer_field, optional = resolve_columns(spec, raw_rows)
     rows, dropped = [], []
     for index, raw in enumerate(raw_rows):
-        problem = _text(raw.get(spec.question_field)) or ""
-        answer = normalize_answer(raw.get(spec.answer_field), strip_dollars=spec.strip_dollars)
+        problem = _text(raw.get(question_field)) or ""
+        answer = normalize_answer(raw.get(answer_field), strip_dollars=spec.strip_dollars)
         if not answer or not problem.strip():
             dropped.append(index)
             continue
@@ -288,11 +366,11 @@ def convert_rows(spec: MathDatasetSpec, raw_rows: list[dict]) -> tuple[list[dict
                 "split": spec.role,
                 "index": index,
                 "problem": problem.strip(),
-                "raw_answer": _raw(raw.get(spec.answer_field)),
-                "solution": _field(raw, spec.solution_field),
-                "level": _field(raw, spec.level_field),
-                "subject": _field(raw, spec.subject_field),
-                "source_id": _field(raw, spec.id_field),
+                "raw_answer": _raw(raw.get(answer_field)),
+                "solution": _field(raw, optional.get("solution")),
+                "level": _field(raw, optional.get("level")),
+                "subject": _field(raw, optional.get("subject")),
+                "source_id": _field(raw, optional.get("source_id")),
             },
         })
     return rows, dropped
@@ -306,6 +384,18 @@ def load_rows(spec: MathDatasetSpec, source: str | os.PathLike | None = None, li
     rows, dropped = convert_rows(spec, read_source(spec, source))
     _report_dropped(spec, dropped)
     return rows if limit is None else rows[:limit]
+
+
+def check_row_count(spec: MathDatasetSpec, rows_read: int, where: str) -> bool:
+    """Whether a hub split has the spec's ``expected_rows``; a :class:`RowCountWarning` (also printed) if not."""
+    if spec.expected_rows is None or rows_read == spec.expected_rows:
+        return True
+    message = (f"[{spec.data_source}] {rows_read} rows in {where}, {spec.expected_rows} expected"
+               f"{f' ({spec.note})' if spec.note else ''}: another release of the dataset? Scores are then "
+               f"not comparable with published ones")
+    print(message, flush=True)
+    warnings.warn(message, RowCountWarning, stacklevel=3)
+    return False
 
 
 def _report_dropped(spec: MathDatasetSpec, dropped: list[int]) -> None:
@@ -364,8 +454,8 @@ def prepare(spec: MathDatasetSpec, source: str | os.PathLike | None = None, out_
     raw = read_source(spec, source)
     rows, dropped = convert_rows(spec, raw)
     _report_dropped(spec, dropped)
-    if source is None and spec.expected_rows is not None and len(raw) != spec.expected_rows:
-        print(f"[{spec.data_source}] note: {len(raw)} rows on the hub, {spec.expected_rows} expected")
+    if source is None or not is_local_source(source):
+        check_row_count(spec, len(raw), where)
     if limit is not None:
         rows = rows[:limit]
     path = to_parquet(rows, Path(out_dir or data_root() / "math") / f"{spec.data_source}.parquet")

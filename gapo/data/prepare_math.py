@@ -5,19 +5,24 @@ Datasets (``--dataset``; the same name is the output file stem and the rows' ``d
     deepscaler     agentica-org/DeepScaleR-Preview-Dataset  train  training set (~40k problems)
     aime24         HuggingFaceH4/aime_2024                   train  30 problems
     aime25         math-ai/aime25                            test   30
-    amc23          math-ai/amc23                             test   40
+    amc23          math-ai/amc23                             test   40  (AMC 12 2023)
+    amc22_23       AI-MO/aimo-validation-amc                 train  83  (AMC 12 2022 + 2023: DeepScaleR's AMC)
     math500        HuggingFaceH4/MATH-500                    test   500
     minerva        math-ai/minervamath                       test   272
-    olympiadbench  math-ai/olympiadbench                     test   674 (text-only English math)
+    olympiadbench  math-ai/olympiadbench                     test   675 (text-only English math; answer column
+                                                                    final_answer or answer)
 
 Each row's prompt is the problem followed by DeepScaleR's instruction, " Let's think step by step and
 output the final answer within \\boxed{}."; the ground truth is the answer string (``$...$`` unwrapped,
 numbers without a trailing ``.0``, lists joined by ", "). Rows with an empty answer are dropped and
-counted. Field mappings: ``gapo.data.math_datasets.DATASETS``.
+counted. Field mappings: ``gapo.data.math_datasets.DATASETS``. An optional column (solution, level,
+subject, id) that the source lacks is written as null with a warning; a hub split whose row count is not
+the expected one gets a warning too (another release of the dataset).
 
 Usage:
-    python -m gapo.data.prepare_math --dataset deepscaler            # -> $GAPO_DATA_DIR/math/deepscaler.parquet (default data/math)
-    python -m gapo.data.prepare_math --dataset all --out data/math   # all seven
+    python -m gapo.data.prepare_math --dataset deepscaler            # -> $GAPO_DATA_DIR/math/deepscaler.parquet
+                                                                      #    (default data/math)
+    python -m gapo.data.prepare_math --dataset all --out data/math   # all eight
     python -m gapo.data.prepare_math --dataset aime24 --limit 5      # first 5 rows only
 
 Offline (no hub access): download the dataset elsewhere (e.g. ``datasets.load_dataset(...).to_json(...)``)
@@ -36,8 +41,8 @@ from __future__ import annotations
 import argparse
 
 from gapo.data.cli import prepare_datasets
-from gapo.data.parquet_io import data_root
 from gapo.data.math_datasets import DATASETS, get_spec, prepare
+from gapo.data.parquet_io import data_root
 
 SUBDIR = "math"  # under the data root ($GAPO_DATA_DIR, default ./data)
 
@@ -54,7 +59,8 @@ def main(argv: list[str] | None = None) -> list:
                    help="local .jsonl/.json/.parquet file (or another hub id) with the hub dataset's columns; "
                         "with --dataset all, a directory holding <name>.jsonl|.json|.parquet (default: the hub)")
     p.add_argument("--out", default=None,
-                   help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; where the configs read)")
+                   help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; "
+                        "where the configs read)")
     p.add_argument("--limit", type=int, default=None, help="write at most N rows per dataset")
     args = p.parse_args(argv)
     args.out = args.out or str(data_root() / SUBDIR)

@@ -31,7 +31,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
-from eval.passk import passk_metrics
+from eval.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics
 from gapo.groups import group_statistics, session_final_rows
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
@@ -49,6 +49,10 @@ from gapo.verl_plugin.validate import sampler_poll_interval, validate_gapo_confi
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "gapo"
+# trainer.val_coverage_threshold (default 0.05; `+trainer.val_coverage_threshold=0.1` where the config does not
+# declare it): validation's coverage counts problems with solve rate above it, as `python -m eval
+# --coverage-threshold`. With val_kwargs.n = 16 a 5% threshold counts any single success (README, Evaluation).
+VAL_COVERAGE_KEY = "val_coverage_threshold"
 
 
 @register_trainer(TRAINER_MODE)
@@ -154,7 +158,8 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                                               expected_acc_counts=expected_acc_counts)
         metrics.update(val_passk_metrics(data_sources, sample_uids, reward_extra_infos_dict, expected_acc_counts,
-                                         self._gapo.success_threshold))
+                                         self._gapo.success_threshold,
+                                         self.config.trainer.get(VAL_COVERAGE_KEY, DEFAULT_COVERAGE_THRESHOLD)))
         return metrics
 
 
@@ -212,18 +217,24 @@ def reward_extra_metrics(extra_fields: list) -> dict[str, float]:
 
 
 def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: dict | None = None,
-                      success_threshold: float = 0.5) -> dict[str, float]:
+                      success_threshold: float = 0.5,
+                      coverage_threshold: float = DEFAULT_COVERAGE_THRESHOLD) -> dict[str, float]:
     """pass@k (k = 1, 2, 4, ... <= n) and coverage per data_source from validation's per-sample lists.
 
     A sample is correct when the reward's `acc` says so, else when its reward exceeds `success_threshold`.
     Prompts are grouped by uid; sessions that failed (in `expected_counts`, keyed (data_source, uid),
     but absent) count as incorrect, as verl's own `acc` metrics do. Names: `val-passk/<source>/pass@<k>`,
-    `.../coverage@5%`, `.../coverage_frac@5%`, `.../unsolved_frac`, `.../all_solved_frac`, `.../problems`.
+    `.../coverage@<threshold %>` (problems with solve rate above `coverage_threshold`, the config's
+    `trainer.val_coverage_threshold`, default 5%), `.../coverage_frac@<threshold %>`, `.../unsolved_frac`,
+    `.../all_solved_frac`, `.../problems`.
     """
+    if not 0 <= float(coverage_threshold) < 1:
+        raise ValueError(f"trainer.{VAL_COVERAGE_KEY} must be a solve rate in [0, 1), got {coverage_threshold}")
     rewards = infos.get("reward", [])
     accs = infos.get("acc") or [None] * len(rewards)
     correct = [bool(a) if a is not None else float(r) > success_threshold for a, r in zip(accs, rewards, strict=True)]
-    return passk_metrics(data_sources, sample_uids, correct, expected=expected_counts)
+    return passk_metrics(data_sources, sample_uids, correct, expected=expected_counts,
+                         coverage_threshold=float(coverage_threshold))
 
 
 def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
