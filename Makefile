@@ -14,6 +14,8 @@
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
 #   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
+#   make reproduce TABLE=math|code|ablation   every run's command for that paper table; REPRODUCE_ARGS e.g.
+#                  "--nodes 4", "--submit --ckpt-root /shared/ckpt", "--fill" (python -m recipe.reproduce -h)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -48,7 +50,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean
+.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -144,3 +146,7 @@ eval-compare: install
 
 clean:
 	rm -rf $(SMOKE_DIR) .pytest_cache
+
+TABLE ?= math
+reproduce: install
+	$(PY) -m recipe.reproduce $(TABLE) $(REPRODUCE_ARGS)
