@@ -2,7 +2,7 @@
 #   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
 #   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs): the default
-#                  environment, then tests/vllm in the vLLM CPU environment (installed alongside)
+#                  environment, and beside it tests/vllm in the vLLM CPU environment (installed alongside)
 #   make test-vllm tests/vllm only (verl's real vLLM rollout and eval's vLLM backend on CPU)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
@@ -103,15 +103,19 @@ install-gpu:
 	$(PY) -m pip install --no-build-isolation $(FLASH_ATTN)
 	$(PY) -c "import torch, vllm, flash_attn, verl, gapo; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'flash_attn', flash_attn.__version__, 'cuda', torch.cuda.is_available())"
 
-# Both environments: the vLLM one installs in the background while the default suite runs (its log:
-# $(VLLM_VENV).install.log), then tests/vllm runs in it.
+# Both environments, two streams at once: the default suite here, and beside it the vLLM environment's install
+# then tests/vllm (its lines prefixed "[vllm] "; the install's log: $(VLLM_VENV).install.log). Both spend much of
+# their time waiting on Ray and engine start-ups, so together they take ~2/3 of their sum on 2 cores; peak memory
+# of the two is ~12 GiB (docs/cpu.md).
 test: install
-	@echo "installing the vLLM CPU environment in the background (make install-vllm; log: $(VLLM_VENV).install.log)"
-	@$(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1 & vllm_install=$$!; \
+	@echo "tests/vllm runs beside the default suite, after make install-vllm (log: $(VLLM_VENV).install.log)"
+	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
+	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
+	     exit 1; fi; \
+	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; exit $${PIPESTATUS[0]} \
+	 ) & vllm=$$!; \
 	$(PY) -m pytest tests --ignore=tests/vllm -v --durations=15; status=$$?; \
-	if ! wait $$vllm_install; then tail -40 $(VLLM_VENV).install.log; \
-	  echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; exit 1; fi; \
-	$(VLLM_PY) -m pytest tests/vllm -v --durations=10 || status=1; exit $$status
+	wait $$vllm || { echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; status=1; }; exit $$status
 
 # tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)
 test-vllm: install-vllm

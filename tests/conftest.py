@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -58,3 +60,17 @@ def load_with_verl(files, tmp_path, max_prompt_length):
         "cache_dir": str(tmp_path / "cache"),
     })
     return RLHFDataset(data_files=[str(f) for f in files], tokenizer=tokenizer, config=config)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """One HF-rollout smoke run for the whole session (verl's trainer, ~100 s here): 2 steps with a checkpoint
+    each step and verl's rollout dump, then a resume that trains step 3. Shared by the trainer's end-to-end
+    checks (tests/test_trainer_e2e.py) and the evaluation of a real verl checkpoint (tests/test_eval.py), which
+    only read it. Returns run_smoke's dict plus ``out`` and ``rollout_dir``."""
+    from recipe.smoke import run_smoke
+
+    out = tmp_path_factory.mktemp("smoke")
+    rollout_dir = out / "rollouts"
+    result = run_smoke(out, steps=2, resume_steps=1, overrides=[f"trainer.rollout_data_dir={rollout_dir}"])
+    return {**result, "out": out, "rollout_dir": rollout_dir}

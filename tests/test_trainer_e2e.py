@@ -14,17 +14,14 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from recipe.smoke import run_smoke
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    rollout_dir = out / "rollouts"
-    result = run_smoke(out, steps=2, resume_steps=1, overrides=[f"trainer.rollout_data_dir={rollout_dir}"])
-    return {**result, "rollout_dir": rollout_dir}
+def smoke(smoke_run):
+    """The session's smoke run (tests/conftest.py): 2 steps, a checkpoint each step, a resume to step 3."""
+    return smoke_run
 
 
 @pytest.fixture(scope="module")

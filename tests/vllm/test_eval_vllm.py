@@ -288,15 +288,17 @@ def test_a_broken_engine_setting_ends_the_run_with_vllms_error_and_leaves_nothin
 
 
 def test_timeout_kills_the_run_with_a_named_error_and_leaves_nothing(data):
-    timeout = 35  # seconds: past the start of vLLM's engine core (~15-25 s here), before the run could finish
+    # seconds: past the start of vLLM's engine core (~15-25 s alone, over 35 s while `make test` runs the default
+    # suite beside it), long before the run could finish
+    timeout = 75
     seen_engine = []
 
     def note_engine(_run, procs):
         seen_engine.extend(p.pid for p in procs if p.pid != _run.proc.pid and _safe_name(p).startswith("VLLM::"))
 
-    # 64 samples x 512 tokens of 11 problems: minutes of generation, so the run is cut by the limit
+    # 256 samples x 512 tokens of 11 problems: many minutes of generation, so the run is cut by the limit
     args = _eval_args(data, data["root"] / "timeout", "--timeout", str(timeout))
-    args[args.index("--n") + 1], args[args.index("--max-new-tokens") + 1] = "64", "512"
+    args[args.index("--n") + 1], args[args.index("--max-new-tokens") + 1] = "256", "512"
     run = WatchedEval(args, data["root"] / "timeout_logs").wait(limit_s=timeout + 90, on_poll=note_engine)
     print(f"\n[eval vllm] --timeout {timeout}: exit {run.proc.returncode} after {run.wall:.1f} s; "
           f"engine processes seen: {len(set(seen_engine))}")
