@@ -396,21 +396,16 @@ def test_vllm_data_parallel_engines_in_spawned_processes(tmp_path, tiny_model):
 
 # ------------------------------------------------------------------- end to end (CPU, real checkpoint)
 @pytest.fixture(scope="module")
-def e2e(tmp_path_factory):
-    """A 1-step smoke training (real verl checkpoint), and benchmarks in the math, code and smoke formats."""
-    from recipe.smoke import prepare, train
-
+def e2e(tmp_path_factory, smoke_run):
+    """A real verl checkpoint (step 1 of the session's smoke run, tests/conftest.py; only read here), and
+    benchmarks in the math, code and smoke formats."""
     root = tmp_path_factory.mktemp("eval_e2e")
-    smoke = root / "smoke"
-    prepare(smoke)
-    t0 = time.time()
-    train(smoke, "run1", 1, ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4"])
-    train_s = time.time() - t0
+    smoke = smoke_run["out"]
     data = root / "data"
     prepare_math(data / "math")
     write_code_benchmark(data / "code" / "code_fixture.parquet")
-    return {"root": root, "ckpt": smoke / "checkpoints" / "global_step_1", "val": smoke / "data" / "val.parquet",
-            "env": {**os.environ, "GAPO_DATA_DIR": str(data)}, "train_s": train_s}
+    return {"root": root, "ckpt": smoke_run["ckpt_dir"] / "global_step_1", "val": smoke / "data" / "val.parquet",
+            "env": {**os.environ, "GAPO_DATA_DIR": str(data)}, "train_s": smoke_run["runs"][0]["wall_s"]}
 
 
 def _run(cmd, env, ok=(0,)):
@@ -436,7 +431,8 @@ def test_end_to_end_from_a_verl_checkpoint_and_resume(e2e):
     full = e2e["root"] / "full"
     proc, full_s = _run(_eval_cmd(e2e["ckpt"], benches, full, "--limit", "12", "--seed", "1", "--cache-dir", cache),
                         e2e["env"])
-    print(f"\n[eval e2e] training 1 step: {e2e['train_s']:.0f} s; evaluation incl. conversion: {full_s:.1f} s")
+    print(f"\n[eval e2e] the smoke run's first training run: {e2e['train_s']:.0f} s; "
+          f"evaluation incl. conversion: {full_s:.1f} s")
     assert "converting verl checkpoint" in proc.stderr
     summary = json.loads((full / "summary.json").read_text())
     run = json.loads((full / "run.json").read_text())
@@ -724,3 +720,56 @@ def test_training_validation_uses_the_configured_coverage_threshold(monkeypatch)
     assert trainer._val_metrics_update(sources, uids, infos, None)["val-passk/s/coverage@10%"] == 1.0
     trainer.config = OmegaConf.create({"trainer": {}})
     assert trainer._val_metrics_update(sources, uids, infos, None)["val-passk/s/coverage@5%"] == 2.0
+
+
+def test_training_validation_logs_the_mean_and_spread_over_its_latest_validations(monkeypatch):
+    """val-passk-window/*: mean and sample std over the latest trainer.val_window validations, per source and
+    metric; the oldest validation leaves the window."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    from gapo.verl_plugin.trainer import GAPOTrainer
+
+    monkeypatch.setattr(PPOTrainerSync, "_val_metrics_update", lambda self, *a, **kw: {}, raising=False)
+    trainer = GAPOTrainer.__new__(GAPOTrainer)
+    trainer._gapo = SimpleNamespace(success_threshold=0.5)
+    trainer.config = OmegaConf.create({"trainer": {"val_coverage_threshold": 0.05, "val_window": 3}})
+
+    def validation(successes: list[int]):  # one source, n = 4 samples per problem, successes per problem
+        rewards = [float(i < c) for c in successes for i in range(4)]
+        uids = [f"p{j}" for j, _ in enumerate(successes) for _ in range(4)]
+        return trainer._val_metrics_update(["s"] * len(rewards), uids, {"reward": rewards}, None)
+
+    covered = []
+    for successes in ([0, 0, 1], [0, 2, 4], [1, 1, 0], [4, 4, 4]):  # coverage@5%: 1, 2, 2, 3
+        m = validation(successes)
+        covered.append(sum(c > 0 for c in successes))
+    last3 = covered[-3:]  # [2, 2, 3]: the first validation (1) has left the window
+    mean = sum(last3) / 3
+    std = (sum((v - mean) ** 2 for v in last3) / 2) ** 0.5
+    assert m["val-passk-window/size"] == 3
+    assert m["val-passk-window/s/coverage@5%/mean"] == pytest.approx(mean)
+    assert m["val-passk-window/s/coverage@5%/std"] == pytest.approx(std)
+    # pass@1 per validation: mean over problems of c / 4
+    p1 = [sum(c / 4 for c in s) / 3 for s in ([0, 2, 4], [1, 1, 0], [4, 4, 4])]
+    assert m["val-passk-window/s/pass@1/mean"] == pytest.approx(sum(p1) / 3)
+    assert not any(k.startswith("val-passk-window/") and "unsolved" in k for k in m)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("val_coverage_threshold", 5, "trainer.val_coverage_threshold=5: a solve rate in"),
+    ("val_coverage_threshold", "x", "trainer.val_coverage_threshold='x'"),
+    ("val_window", 0, "trainer.val_window=0: the number of latest validations"),
+    ("val_window", 2.5, "trainer.val_window=2.5"),
+])
+def test_validation_knobs_are_checked_at_start_up(key, value, message):
+    from hydra import compose, initialize_config_dir
+
+    from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("gapo_trainer", overrides=[f"trainer.{key}={value}"])
+    with pytest.raises(GAPOConfigError, match=re.escape(message)):
+        validate_gapo_config(cfg)

@@ -44,14 +44,15 @@ from gapo.verl_plugin.losses import (
     SUMS_PREFIX,
     GAPOActorLoss,
 )
-from gapo.verl_plugin.validate import sampler_poll_interval, validate_gapo_config
+from gapo.verl_plugin.validate import sampler_poll_interval, validate_gapo_config, validation_settings
 
 logger = logging.getLogger(__name__)
 
 TRAINER_MODE = "gapo"
-# trainer.val_coverage_threshold (default 0.05; `+trainer.val_coverage_threshold=0.1` where the config does not
-# declare it): validation's coverage counts problems with solve rate above it, as `python -m eval
-# --coverage-threshold`. With val_kwargs.n = 16 a 5% threshold counts any single success (README, Evaluation).
+# trainer.val_coverage_threshold (configs/base/gapo.yaml, default 0.05): validation's coverage counts problems with
+# solve rate above it, as `python -m eval --coverage-threshold`. With val_kwargs.n = 16 a 5% threshold counts any
+# single success (README, Evaluation). trainer.val_window: val-passk-window/* averages the latest that many
+# validations (gapo/verl_plugin/validate.py checks both at start-up).
 VAL_COVERAGE_KEY = "val_coverage_threshold"
 
 
@@ -157,9 +158,13 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
                             expected_acc_counts=None):
         metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                                               expected_acc_counts=expected_acc_counts)
-        metrics.update(val_passk_metrics(data_sources, sample_uids, reward_extra_infos_dict, expected_acc_counts,
-                                         self._gapo.success_threshold,
-                                         self.config.trainer.get(VAL_COVERAGE_KEY, DEFAULT_COVERAGE_THRESHOLD)))
+        threshold, window = validation_settings(self.config)
+        passk = val_passk_metrics(data_sources, sample_uids, reward_extra_infos_dict, expected_acc_counts,
+                                  self._gapo.success_threshold, threshold)
+        metrics.update(passk)
+        if not hasattr(self, "_val_history"):  # the window restarts with the process (it is not checkpointed)
+            self._val_history = ValidationWindow(window)
+        metrics.update(self._val_history.add(passk))
         return metrics
 
 
@@ -214,6 +219,32 @@ def reward_extra_metrics(extra_fields: list) -> dict[str, float]:
             if isinstance(value, (bool, int, float, np.number)) and not isinstance(value, str):
                 values.setdefault(key, []).append(float(value))
     return {f"reward/{key}/mean": float(np.mean(vals)) for key, vals in values.items()}
+
+
+class ValidationWindow:
+    """Mean and spread of validation's pass@k and coverage over the latest ``size`` validations.
+
+    ``add(metrics)`` takes one validation's ``val-passk/<source>/{pass@k, coverage@t}`` values and returns
+    ``val-passk-window/<source>/<name>/mean`` and ``.../std`` (sample standard deviation, n - 1, as ``python -m eval
+    aggregate``; 0 with one value) over the values of that name in the window, and ``val-passk-window/size`` (how
+    many validations it holds). The paper reports coverage as such an average late in training."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.history: list[dict[str, float]] = []
+
+    def add(self, metrics: dict[str, float]) -> dict[str, float]:
+        kept = {k: float(v) for k, v in metrics.items()
+                if k.startswith("val-passk/") and ("/pass@" in k or "/coverage@" in k)}
+        self.history = [*self.history, kept][-self.size:]
+        out = {"val-passk-window/size": float(len(self.history))}
+        for key in kept:
+            values = [h[key] for h in self.history if key in h]
+            mean = sum(values) / len(values)
+            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+            name = key.replace("val-passk/", "val-passk-window/", 1)
+            out[f"{name}/mean"], out[f"{name}/std"] = mean, var ** 0.5
+        return out
 
 
 def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: dict | None = None,

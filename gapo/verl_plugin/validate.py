@@ -43,10 +43,38 @@ def sampler_poll_interval(config: DictConfig) -> float | None:
     return interval
 
 
+VAL_COVERAGE_KEY = "trainer.val_coverage_threshold"
+VAL_WINDOW_KEY = "trainer.val_window"
+
+
+def validation_settings(config: DictConfig) -> tuple[float, int]:
+    """(coverage threshold, window) for validation's pass@k metrics: ``trainer.val_coverage_threshold`` (a solve
+    rate in [0, 1); default 0.05, as ``python -m eval --coverage-threshold``) and ``trainer.val_window`` (how many
+    of the latest validations ``val-passk-window/*`` averages, >= 1; default 4): the paper's coverage figures are
+    averages late in training, not one validation's value."""
+    from eval.passk import DEFAULT_COVERAGE_THRESHOLD
+
+    threshold = config.trainer.get("val_coverage_threshold", DEFAULT_COVERAGE_THRESHOLD)
+    window = config.trainer.get("val_window", 4)
+    try:
+        ok = 0 <= float(threshold) < 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:  # also rejects nan
+        raise GAPOConfigError(f"{VAL_COVERAGE_KEY}={threshold!r}: a solve rate in [0, 1) above which a validation "
+                              "problem counts as covered; e.g. 0.05 (the paper's 5%)")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise GAPOConfigError(f"{VAL_WINDOW_KEY}={window!r}: the number of latest validations to average, an "
+                              "integer >= 1; e.g. 4 (1 logs each validation alone)")
+    return float(threshold), window
+
+
 def validate_gapo_config(config: DictConfig) -> None:
     """Raise GAPOConfigError for a config GAPO cannot train with. Baseline losses pass through unchecked, except
-    for the trainer's own knob (the replay buffer's poll interval), which every run of GAPO's trainer reads."""
+    for the trainer's own knobs (the replay buffer's poll interval, validation's coverage threshold and window),
+    which every run of GAPO's trainer reads."""
     sampler_poll_interval(config)
+    validation_settings(config)
     actor = config.actor_rollout_ref.actor
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
     if loss_mode not in GAPO_LOSS_MODES:
