@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
