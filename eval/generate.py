@@ -196,16 +196,26 @@ class HFBackend:
 
 
 # --------------------------------------------------------------------------------------- vLLM
+def model_max_len(model_path: str) -> int:
+    """The model's context length from its HF config (``max_position_embeddings``; 0 when it has none)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
+
+
 class VLLMEngine:
     """One vLLM ``LLM`` on the GPUs this process sees (tensor parallel inside), or on the CPUs (vLLM's CPU build).
 
     ``kv_cache_bytes``: the KV cache's size in bytes (vLLM's ``kv_cache_memory_bytes``; it overrides
-    ``gpu_memory_utilization``); ``enforce_eager``: no compilation (CUDA graphs, inductor).
+    ``gpu_memory_utilization``); ``enforce_eager``: no compilation (CUDA graphs, inductor); ``chunked_prefill``:
+    False makes every prompt prefill in one step (the CPU build needs it with seeded requests, see
+    :class:`VLLMBackend`), with ``max_num_batched_tokens`` raised to the model's length as vLLM itself does then.
     """
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tp: int = 1, dtype: str = "auto",
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 kv_cache_bytes: int | None = None, enforce_eager: bool = False):
+                 kv_cache_bytes: int | None = None, enforce_eager: bool = False, chunked_prefill: bool = True):
         import vllm
 
         self.vllm = vllm
@@ -218,6 +228,9 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         if enforce_eager:
             kwargs["enforce_eager"] = True
+        if not chunked_prefill:
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len or model_max_len(model_path), 2048)
         self.llm = vllm.LLM(**kwargs)
         config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         self.max_model_len = getattr(config, "max_model_len", None)
@@ -284,7 +297,10 @@ class VLLMBackend:
     """vLLM on the node's GPUs: ``dp`` engines of ``tp`` GPUs each (one in this process when dp = 1).
 
     With vLLM's CPU build (``cpu``: default :func:`vllm_cpu_build`): one engine in this process on the CPUs,
-    eager, its KV cache ``kv_cache_bytes`` (default :data:`DEFAULT_CPU_KV_CACHE_BYTES`).
+    eager, its KV cache ``kv_cache_bytes`` (default :data:`DEFAULT_CPU_KV_CACHE_BYTES`), without chunked prefill:
+    vLLM 0.24.0 rewinds a seeded request's generator after a partial (chunked) prefill step
+    (``gpu_model_runner._bookkeeping_sync``: ``gen.set_offset(...)``), which a CPU generator refuses ("CPU Generator
+    does not use offset") and the engine dies. Every sample here is seeded, and a batch of many long prompts chunks.
     """
 
     name = "vllm"
@@ -297,6 +313,7 @@ class VLLMBackend:
             if engine_kwargs.get("kv_cache_bytes") is None:
                 engine_kwargs["kv_cache_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
             engine_kwargs["enforce_eager"] = True
+            engine_kwargs["chunked_prefill"] = False
         else:
             gpus = visible_gpus() if gpus is None else gpus
             self.tp, self.dp = parallel_layout(gpus, tp, dp)

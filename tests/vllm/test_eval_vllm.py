@@ -296,9 +296,10 @@ def test_timeout_kills_the_run_with_a_named_error_and_leaves_nothing(data):
     def note_engine(_run, procs):
         seen_engine.extend(p.pid for p in procs if p.pid != _run.proc.pid and _safe_name(p).startswith("VLLM::"))
 
-    # 256 samples x 512 tokens of 11 problems: many minutes of generation, so the run is cut by the limit
+    # 2048 samples of up to 512 tokens for each of 11 problems: minutes of generation (256 samples took ~30 s on an
+    # idle machine), so the run is cut by the limit
     args = _eval_args(data, data["root"] / "timeout", "--timeout", str(timeout))
-    args[args.index("--n") + 1], args[args.index("--max-new-tokens") + 1] = "256", "512"
+    args[args.index("--n") + 1], args[args.index("--max-new-tokens") + 1] = "2048", "512"
     run = WatchedEval(args, data["root"] / "timeout_logs").wait(limit_s=timeout + 90, on_poll=note_engine)
     print(f"\n[eval vllm] --timeout {timeout}: exit {run.proc.returncode} after {run.wall:.1f} s; "
           f"engine processes seen: {len(set(seen_engine))}")
@@ -350,6 +351,9 @@ def test_seeded_samples_reproduce_across_runs_and_batch_orders(data, cli_run, en
     assert (engine.tp, engine.dp) == (1, 1) and config.model_config.enforce_eager
     assert config.cache_config.enable_prefix_caching  # a problem's n requests share their prompt
     assert config.cache_config.kv_cache_memory_bytes == DEFAULT_CPU_KV_CACHE_BYTES
+    # seeded requests whose prefill is chunked kill vLLM 0.24.0's CPU engine (the timeout test's large batch did)
+    assert not config.scheduler_config.enable_chunked_prefill
+    assert config.scheduler_config.max_num_batched_tokens >= data["max_model_len"]
     assert engine.engine.max_model_len == data["max_model_len"]
     tok = data["tokenizer"]
     recorded = {(r["benchmark"], r["problem"], r["seed"]): r for r in cli_run["records"]}
