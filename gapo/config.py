@@ -32,6 +32,10 @@ class GAPOConfig:
         mask_truncated: DeepCoder's overlong filtering: responses cut at data.max_response_length get zero
             advantage, so they add no gradient (they still count in the loss's token normalisation and,
             as failures, in their group's success count). Applied by the GAPO trainer for every loss mode.
+        diag_corr_window: with diagnostics on, `gapo/is_adv_corr_window` is the Pearson correlation between
+            per-c mean |ratio - 1| and per-c mean advantage over the pooled per-c points of the latest this many
+            training steps (`gapo.diagnostics`); an integer >= 1 (1 repeats the per-step `gapo/is_adv_corr`).
+            The window lives in the trainer process and restarts with it (not checkpointed).
     """
 
     eps_high_max: Optional[float] = None
@@ -39,6 +43,7 @@ class GAPOConfig:
     success_threshold: float = 0.5
     diagnostics: bool = True
     mask_truncated: bool = False
+    diag_corr_window: int = 10
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -49,6 +54,13 @@ class GAPOConfig:
             raise ValueError(f"policy_loss.eps_high_max must be a finite number >= 0 or null, got {self.eps_high_max}")
         if not math.isfinite(self.success_threshold):
             raise ValueError(f"policy_loss.success_threshold must be finite, got {self.success_threshold}")
+        window = self.diag_corr_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(
+                f"policy_loss.diag_corr_window={window!r}: the number of latest training steps whose per-c points "
+                "gapo/is_adv_corr_window pools, an integer >= 1; set e.g. "
+                "actor_rollout_ref.actor.policy_loss.diag_corr_window=10 (1 logs each step alone)"
+            )
 
     def resolve_clips(self, clip_ratio_low: float, clip_ratio_high: Optional[float]) -> tuple[float, float]:
         """(eps_low, eps_high_max) from verl's actor clip fields, validated together."""

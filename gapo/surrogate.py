@@ -150,6 +150,7 @@ def per_success_count_table(
     num_correct: torch.Tensor,
     rows: torch.Tensor,
     max_count: int,
+    advantage_sum: torch.Tensor,
 ) -> torch.Tensor:
     """Sums behind the paper's diagnostics for the selected rollouts, by group success count c, on device.
 
@@ -158,20 +159,24 @@ def per_success_count_table(
         num_correct: (B,) group success count c of each rollout.
         rows: (B,) bool, the rollouts to count (GAPO: successes with a positive advantage).
         max_count: the largest c with a row; rollouts with c > max_count are left out.
+        advantage_sum: (B,) sum of each rollout's advantage over its real tokens, sum_t A_i,t * mask_i,t
+            (the loss has it already: its sign decides who gets the adaptive bound).
 
     Returns:
-        float32 (max_count + 1, 4): row c holds (clipped tokens, sum of |ratio - 1| over tokens, tokens,
-        rollouts) of the selected rollouts with success count c; row 0 is unused. Sums rather than means, so
-        that clip fraction = clipped / tokens and mean |ratio - 1| = ratio_dev / tokens are exact over a
-        whole step whatever the micro-batching.
+        float32 (max_count + 1, 5): row c holds (clipped tokens, sum of |ratio - 1| over tokens, tokens,
+        rollouts, sum of the advantage over tokens) of the selected rollouts with success count c; row 0 is
+        unused. Sums rather than means, so that clip fraction = clipped / tokens, mean |ratio - 1| =
+        ratio_dev / tokens and mean advantage = advantage / tokens (all token-weighted alike) are exact over
+        a whole step whatever the micro-batching.
     """
     with torch.no_grad():
         per_rollout = torch.stack(
-            [terms.clipped_tokens, terms.ratio_dev_sum, terms.tokens, torch.ones_like(terms.tokens)], dim=-1
-        )  # (B, 4)
+            [terms.clipped_tokens, terms.ratio_dev_sum, terms.tokens, torch.ones_like(terms.tokens),
+             advantage_sum.to(device=terms.tokens.device, dtype=terms.tokens.dtype)], dim=-1
+        )  # (B, 5)
         c_all = num_correct.to(device=per_rollout.device, dtype=torch.long)
         # Row c collects the selected rollouts with success count c; row 0 takes everything else.
         row = torch.where(rows & (c_all >= 1) & (c_all <= max_count), c_all, torch.zeros_like(c_all))
-        table = per_rollout.new_zeros(max_count + 1, 4).index_add_(0, row, per_rollout)
+        table = per_rollout.new_zeros(max_count + 1, per_rollout.shape[-1]).index_add_(0, row, per_rollout)
         table[0] = 0
         return table

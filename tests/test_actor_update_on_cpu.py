@@ -13,8 +13,9 @@ only. The fixed clip (schedule=constant) treats both groups alike, whatever its 
 
 Exact-diagnostics cases (`ROWS` in the helper): every rollout has its own c, success flag, advantage, ratio
 and (prompt, response) lengths, lr = 0 so the update cannot move a ratio, and the 8 rollouts form two
-mini-batches of 4 (in order). The expected per-c sums, clip fractions and ratio deviations are computed here
-from the row table alone, and compared with verl's output for fixed micro-batches, dynamic batch sizes (one
+mini-batches of 4 (in order). The expected per-c sums, clip fractions, ratio deviations, mean advantages and
+their correlation (gapo/is_adv_corr) are computed here from the row table alone,
+and compared with verl's output for fixed micro-batches, dynamic batch sizes (one
 micro-batch in mini-batch 1, four in mini-batch 2: the case where the old MEAN aggregation was biased) and
 remove-padding (packed sequences), for loss modes gapo and gapo_token.
 """
@@ -23,6 +24,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +150,7 @@ def test_update_without_gapo_fields_fails_naming_the_fix(run):
 # --- exact diagnostics: the hand computation from the row table ------------------------------------------------
 
 MINI_BATCHES = [list(range(i, i + EXACT_MINI_BATCH)) for i in range(0, len(ROWS), EXACT_MINI_BATCH)]
-SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts")
+SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts", "advantage")
 
 
 def bound(row) -> tuple[bool, float]:
@@ -176,6 +178,7 @@ def expected_sums(rows) -> dict[str, float]:
         sums[f"c{row.num_correct}/ratio_dev"] += n * abs(row.ratio - 1)
         sums[f"c{row.num_correct}/tokens"] += n
         sums[f"c{row.num_correct}/rollouts"] += 1
+        sums[f"c{row.num_correct}/advantage"] += n * row.advantage
         sums["eps_high_sum"] += eps
         sums["positive_rollouts"] += 1
     return sums
@@ -188,6 +191,12 @@ def expected_diagnostics(rows) -> dict[str, float]:
         if sums[f"c{c}/tokens"]:
             out[f"gapo/clipfrac_pos/c{c}"] = sums[f"c{c}/clipped"] / sums[f"c{c}/tokens"]
             out[f"gapo/ratio_dev_pos/c{c}"] = sums[f"c{c}/ratio_dev"] / sums[f"c{c}/tokens"]
+            out[f"gapo/adv_pos/c{c}"] = sums[f"c{c}/advantage"] / sums[f"c{c}/tokens"]
+    # the paper's correlation across the c present (stdlib Pearson, independent of gapo.diagnostics)
+    levels = [c for c in range(1, K + 1) if sums[f"c{c}/tokens"]]
+    out["gapo/is_adv_corr_levels"] = float(len(levels))
+    out["gapo/is_adv_corr"] = statistics.correlation([out[f"gapo/ratio_dev_pos/c{c}"] for c in levels],
+                                                     [out[f"gapo/adv_pos/c{c}"] for c in levels])
     return out
 
 
@@ -227,6 +236,9 @@ def test_exact_case_table_premise():
     assert exp["gapo/clipfrac_pos/c7"] == 1.0 and expected_sums(ROWS)["c7/tokens"] == 7
     assert "gapo/clipfrac_pos/c2" not in exp
     assert exp["gapo/loss_eps_high_mean"] == pytest.approx((0.30 + 0.22 + 0.14 + 0.30 + 0.06 + 0.14) / 6)
+    # One advantage per c here, (k - c) / k; the ratio deviations fall with c, so the correlation is high.
+    assert [exp[f"gapo/adv_pos/c{c}"] for c in (1, 3, 5, 7)] == pytest.approx([0.875, 0.625, 0.375, 0.125])
+    assert exp["gapo/is_adv_corr_levels"] == 4 and exp["gapo/is_adv_corr"] > 0.95
     # Mini-batch 1 is 12 tokens (one dynamic micro-batch), mini-batch 2 is 4 x 10 (four).
     assert [sum(ROWS[i].prompt_len + ROWS[i].response_len for i in mini) for mini in MINI_BATCHES] == [12, 40]
     assert max(r.prompt_len + r.response_len for r in ROWS) <= EXACT_MAX_TOKENS
@@ -296,7 +308,8 @@ def test_exact_per_c_diagnostics(run, variant, mode):
     expected = expected_diagnostics(ROWS)
     assert set(case["diagnostics"]) == set(expected)
     for key, value in expected.items():
-        tol = RATIO_TOL if "ratio_dev" in key else 1e-7
+        # ratios carry the forward passes' float32 noise (RATIO_TOL); r inherits it, magnified by 1 / spread of x
+        tol = RATIO_TOL if "ratio_dev" in key else 10 * RATIO_TOL if key == "gapo/is_adv_corr" else 1e-7
         assert case["diagnostics"][key] == pytest.approx(value, abs=tol), key
     assert case["diagnostics"]["gapo/clipfrac_pos/c1"] == pytest.approx(6 / 7)
 

@@ -86,12 +86,35 @@ def test_import_verl_alone_registers_the_losses_in_a_fresh_process():
 def test_diagnostics_from_sums_are_exact_ratios_and_consume_the_sums():
     metrics = {"actor/gapo_sums/eps_high_sum": 0.5, "actor/gapo_sums/positive_rollouts": 2.0,
                "actor/gapo_sums/c1/clipped": 1.0, "actor/gapo_sums/c1/ratio_dev": 0.3, "actor/gapo_sums/c1/tokens": 4.0,
-               "actor/gapo_sums/c1/rollouts": 1.0, "actor/gapo_sums/c2/clipped": 0.0, "actor/gapo_sums/c2/ratio_dev": 0.0,
-               "actor/gapo_sums/c2/tokens": 0.0, "actor/gapo_sums/c2/rollouts": 0.0, "actor/pg_clipfrac": 0.1}
+               "actor/gapo_sums/c1/rollouts": 1.0, "actor/gapo_sums/c1/advantage": 3.0,
+               "actor/gapo_sums/c2/clipped": 0.0, "actor/gapo_sums/c2/ratio_dev": 0.0,
+               "actor/gapo_sums/c2/tokens": 0.0, "actor/gapo_sums/c2/rollouts": 0.0,
+               "actor/gapo_sums/c2/advantage": 0.0,
+               "actor/pg_clipfrac": 0.1}
     out = diagnostics_from_sums(metrics)
+    # one c present: the correlation is undefined, so only its level count is logged
     assert out == pytest.approx({"gapo/loss_eps_high_mean": 0.25, "gapo/clipfrac_pos/c1": 0.25,
-                                 "gapo/ratio_dev_pos/c1": 0.075})
+                                 "gapo/ratio_dev_pos/c1": 0.075, "gapo/adv_pos/c1": 0.75, "gapo/is_adv_corr_levels": 1})
     assert metrics == {"actor/pg_clipfrac": 0.1}
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True, "10"])
+def test_bad_correlation_window_is_rejected_naming_key_and_fix(window):
+    from gapo.config import GAPOConfig
+
+    fix = r"policy_loss.diag_corr_window=.*integer >= 1.*actor_rollout_ref.actor.policy_loss.diag_corr_window=10"
+    with pytest.raises(ValueError, match=fix):
+        GAPOConfig(diag_corr_window=window)
+    assert GAPOConfig().diag_corr_window == 10 and GAPOConfig(diag_corr_window=1).diag_corr_window == 1
+
+
+def test_bad_correlation_window_in_the_training_config_fails_at_start_up():
+    cfg = compose_cfg(overrides=["actor_rollout_ref.actor.policy_loss.diag_corr_window=0"])
+    with pytest.raises(GAPOConfigError, match=r"diag_corr_window=0.*an integer >= 1"):
+        validate_gapo_config(cfg)
+    settings = omega_conf_to_dataclass(compose_cfg(overrides=["actor_rollout_ref.actor.policy_loss.diag_corr_window=3"])
+                                       .actor_rollout_ref.actor.policy_loss)
+    assert settings.diag_corr_window == 3
 
 
 def test_gapo_trainer_keeps_verls_sync_semantics():
@@ -105,6 +128,8 @@ def test_gapo_trainer_keeps_verls_sync_semantics():
     assert trainer.trainer_mode == "sync" and cfg.trainer.v1.trainer_mode == "gapo"  # the config is not rewritten
     assert type(trainer.replay_buffer) is ReplayBuffer and not isinstance(trainer.replay_buffer, ReplayBufferAsync)
     assert trainer.replay_buffer.gen_batch_size == cfg.data.train_batch_size  # not forced to 1
+    # the is_adv_corr window is the trainer's, sized by the config
+    assert trainer._is_adv_window.size == cfg.actor_rollout_ref.actor.policy_loss.diag_corr_window
 
 
 def test_gapo_trainer_refuses_a_bad_config_before_building_anything():

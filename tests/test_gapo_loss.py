@@ -58,6 +58,10 @@ def test_sequence_level_hand_computed_value_and_gradient():
     assert metrics[f"{SUMS_PREFIX}/c3/tokens"] == 2 and metrics[f"{SUMS_PREFIX}/c2/rollouts"] == 0
     assert metrics[f"{SUMS_PREFIX}/c1/ratio_dev"] == pytest.approx(0.5)
     assert metrics[f"{SUMS_PREFIX}/eps_high_sum"] == pytest.approx(0.28 + hi_c3)
+    # advantage summed over each rollout's tokens: 2 x 0.75 at c = 1, 2 x 0.25 at c = 3
+    assert metrics[f"{SUMS_PREFIX}/c1/advantage"] == pytest.approx(1.5)
+    assert metrics[f"{SUMS_PREFIX}/c3/advantage"] == pytest.approx(0.5)
+    assert metrics[f"{SUMS_PREFIX}/c2/advantage"] == 0
 
 
 def test_fixed_gspo_clips_the_rare_success_that_gapo_lets_through():
@@ -252,7 +256,8 @@ def test_diagnostic_sums_survive_verls_aggregation_with_unequal_micro_batch_coun
 
     def micro(clipped, tokens, aggregation):
         sums = {"gapo_sums/c1/clipped": clipped, "gapo_sums/c1/ratio_dev": 0.0, "gapo_sums/c1/tokens": tokens,
-                "gapo_sums/c1/rollouts": 1.0, "gapo_sums/eps_high_sum": 0.3, "gapo_sums/positive_rollouts": 1.0}
+                "gapo_sums/c1/rollouts": 1.0, "gapo_sums/c1/advantage": tokens * 0.5, "gapo_sums/eps_high_sum": 0.3,
+                "gapo_sums/positive_rollouts": 1.0}
         return Metric.from_dict(sums, aggregation=aggregation)
 
     def step(aggregation):
@@ -269,8 +274,77 @@ def test_diagnostic_sums_survive_verls_aggregation_with_unequal_micro_batch_coun
     assert step(AggregationType.SUM)["gapo/clipfrac_pos/c1"] == pytest.approx(0.02)
 
 
+# Six rollouts of one step (k = 4) with partial-credit advantages, unequal lengths and their own sequence ratios.
+# Successes with A > 0: rows 0, 1 (c = 1), 2 (c = 2), 4 (c = 3); row 3 is a failure with A > 0, row 5 has A < 0.
+PACK_LENGTHS = [4, 2, 3, 1, 4, 2]
+PACK_C = [1, 1, 2, 2, 3, 3]
+PACK_SUCCESS = [True, True, True, False, True, False]
+PACK_ADV = [0.9, 0.7, 0.4, 0.3, 0.2, -0.5]
+PACK_RATIO = [1.3, 1.1, 1.2, 1.05, 1.02, 0.9]
+# Token-weighted per c: mean A (c1: (0.9 * 4 + 0.7 * 2) / 6), mean |ratio - 1| (c1: (0.3 * 4 + 0.1 * 2) / 6)
+PACK_ADV_POS = {1: 5 / 6, 2: 0.4, 3: 0.2}
+PACK_DEV_POS = {1: 1.4 / 6, 2: 0.2, 3: 0.02}
+
+
+def _pack_batch():
+    t = max(PACK_LENGTHS)
+    mask = torch.tensor([[1.0] * n + [0.0] * (t - n) for n in PACK_LENGTHS])
+    old = torch.full((len(PACK_LENGTHS), t), -1.0)
+    new = old + torch.log(torch.tensor(PACK_RATIO)).unsqueeze(-1)
+    adv = torch.tensor(PACK_ADV).unsqueeze(-1).expand(-1, t).contiguous()  # padding too: the sums must mask it
+    return old, new, adv, mask
+
+
+def _step_through_verl(loss_mode, packing):
+    """The loss on each micro-batch of `packing` (mini-batches of micro-batches of row indices), its sums through
+    verl's aggregation (SUM Metrics summed per mini-batch, averaged over DP ranks and mini-batches), then the
+    trainer's diagnostics_from_sums."""
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.metric.utils import AggregationType, Metric
+    from verl.utils.py_functional import append_to_dict
+
+    from gapo.verl_plugin.trainer import diagnostics_from_sums
+
+    old, new, adv, mask = _pack_batch()
+    cfg = actor_config(loss_mode, agg="token-mean" if loss_mode == "gapo_token" else "seq-mean-token-mean")
+    per_mini = {}
+    for micros in packing:
+        collected = {}
+        for rows in micros:
+            idx = torch.tensor(rows)
+            _, _, m = call(loss_mode, cfg, old[idx], new[idx], adv[idx], mask[idx], torch.tensor(PACK_C)[idx],
+                           torch.full((len(rows),), 4), torch.tensor(PACK_SUCCESS)[idx])
+            sums = {k: v for k, v in m.items() if k.startswith(f"{SUMS_PREFIX}/")}
+            append_to_dict(collected, Metric.from_dict(sums, aggregation=AggregationType.SUM))
+        append_to_dict(per_mini, {key: Metric.aggregate_dp([val]) for key, val in collected.items()})
+    return diagnostics_from_sums(reduce_metrics({f"actor/{k}": v for k, v in per_mini.items()}))
+
+
+PACKINGS = {
+    "one_micro_batch": [[[0, 1, 2, 3, 4, 5]]],
+    "uneven_2_and_3": [[[0, 3], [1]], [[5], [2], [4]]],
+    "reversed_halves": [[[5, 4, 3]], [[2, 1, 0]]],
+}
+
+
+@pytest.mark.parametrize("loss_mode", ["gapo", "gapo_token"])
+def test_per_c_advantage_and_correlation_exact_under_any_packing(loss_mode):
+    import statistics
+
+    expected_r = statistics.correlation([PACK_DEV_POS[c] for c in (1, 2, 3)], [PACK_ADV_POS[c] for c in (1, 2, 3)])
+    results = {name: _step_through_verl(loss_mode, packing) for name, packing in PACKINGS.items()}
+    for name, out in results.items():
+        for c in (1, 2, 3):
+            assert out[f"gapo/adv_pos/c{c}"] == pytest.approx(PACK_ADV_POS[c], rel=1e-6), (name, c)
+            assert out[f"gapo/ratio_dev_pos/c{c}"] == pytest.approx(PACK_DEV_POS[c], abs=1e-6), (name, c)
+        assert "gapo/adv_pos/c4" not in out
+        assert out["gapo/is_adv_corr_levels"] == 3
+        assert out["gapo/is_adv_corr"] == pytest.approx(expected_r, abs=1e-5), name
+    assert results["uneven_2_and_3"] == pytest.approx(results["one_micro_batch"], rel=1e-6)
+
+
 def test_actor_loss_reports_sums_as_sum_metrics(monkeypatch):
-    """GAPOActorLoss hands the loss's sums to verl as SUM-aggregated Metrics (what the test above needs)."""
+    """GAPOActorLoss hands the loss's sums to verl as SUM-aggregated Metrics (what the tests above need)."""
     from verl.utils.metric.utils import AggregationType, Metric
 
     import gapo.verl_plugin.losses as losses

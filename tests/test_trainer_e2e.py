@@ -114,3 +114,13 @@ def test_clipping_binds_and_diagnostics_are_logged_per_success_count(smoke):
     assert clip and dev and any(v > 0 for v in clip.values())
     assert all(0 <= v <= 1 for v in clip.values())
     assert any(m["actor/pg_clipfrac"] > 0 for m in metrics.values())
+    # The IS-deviation / advantage correlation reaches the logs: its counts every step, r in [-1, 1] where defined.
+    for step, m in metrics.items():
+        levels = sum(k.startswith("gapo/ratio_dev_pos/c") for k in m)
+        assert m["gapo/is_adv_corr_levels"] == levels == sum(k.startswith("gapo/adv_pos/c") for k in m), step
+        assert all(-1 <= m[k] <= 1 for k in ("gapo/is_adv_corr", "gapo/is_adv_corr_window") if k in m), step
+    # The window (default 10 steps) pools steps 1 and 2, and restarts with the resumed process at step 3.
+    run1, run2 = smoke["run1"], smoke["run2"]
+    levels = [run1[step]["gapo/is_adv_corr_levels"] for step in (1, 2)]
+    assert run1[2]["gapo/is_adv_corr_window_points"] == sum(levels)
+    assert run2[3]["gapo/is_adv_corr_window_points"] == run2[3]["gapo/is_adv_corr_levels"]

@@ -1,8 +1,9 @@
 """GAPOPolicyLossConfig: verl's PolicyLossConfig extended by GAPO's fields, so verl's config system accepts them.
 
 verl rejects unknown keys under `actor_rollout_ref.actor.policy_loss`; pointing that node's `_target_` at
-this class (configs/gapo_trainer.yaml does) makes `eps_high_max`, `schedule`, `success_threshold` and
-`diagnostics` valid keys. Their defaults and validation come from `gapo.config.GAPOConfig` alone.
+this class (configs/gapo_trainer.yaml does) makes GAPO's fields (`eps_high_max`, `schedule`, `success_threshold`,
+`diagnostics`, `mask_truncated`, `diag_corr_window`) valid keys. Their defaults and validation come from
+`gapo.config.GAPOConfig` alone.
 """
 
 from dataclasses import dataclass

@@ -52,7 +52,9 @@ STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
 # Prefix of the raw per-c sums the loss reports; the trainer turns them into gapo/* metrics.
 SUMS_PREFIX = "gapo_sums"
-SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts")
+# Columns of `gapo.surrogate.per_success_count_table`: per c, sums over the adaptive rollouts' real tokens of
+# (clipped, |ratio - 1|, 1, advantage), and their count; the trainer divides by `tokens` (token-weighted means).
+SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts", "advantage")
 
 MISSING_STATS_HELP = (
     "GAPO loss '{mode}' got no per-rollout group statistics: it needs the GAPO trainer, which computes each "
@@ -143,7 +145,10 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     eps_low, eps_high_max = resolve_gapo_clips(config, settings)
 
     # The surrogates compute in float32 whatever the log-probs' dtype (bf16 cannot tell 1 + 3e-4 from 1).
-    positive = (advantages * response_mask).sum(-1) > 0  # the rollout's advantage is positive (sign of its sum)
+    # (B,) sum of each rollout's advantage over its real tokens, in float32: its sign says whether the rollout's
+    # advantage is positive, and the per-c diagnostics sum it (mean advantage per c, token-weighted)
+    advantage_sum = (advantages.detach().float() * response_mask).sum(-1)
+    positive = advantage_sum > 0
     eps_high, adaptive = per_rollout_eps_high(stats, positive, eps_low, eps_high_max, settings.schedule)
 
     if mode == "gapo":
@@ -161,8 +166,9 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
                   terms.dual_clipped_tokens.sum() / n_tokens]
         table = None
         if settings.diagnostics:
-            # rows c = 0..rollout_n of (clipped, ratio_dev, tokens, rollouts) over adaptive rollouts; row 0 unused
-            table = per_success_count_table(terms, stats.num_correct.to(n_tokens.device), adaptive, config.rollout_n)
+            # rows c = 0..rollout_n of SUM_NAMES over adaptive rollouts; row 0 unused
+            table = per_success_count_table(terms, stats.num_correct.to(n_tokens.device), adaptive, config.rollout_n,
+                                            advantage_sum)
             values += [(eps_high * adaptive).sum(), adaptive.sum()]
         # one device-to-host transfer for every metric of the micro-batch
         flat = torch.stack(values).float()
@@ -176,7 +182,7 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
 
 
 def _named_sums(eps_high_sum: float, adaptive_rollouts: float, table: list[float]) -> dict[str, float]:
-    """The flat (k_max + 1) x 4 table as f"{SUMS_PREFIX}/c{c}/{name}" (c >= 1) plus the threshold sums.
+    """The flat (k_max + 1) x len(SUM_NAMES) table as f"{SUMS_PREFIX}/c{c}/{name}" (c >= 1) plus the threshold sums.
 
     Every micro-batch and rank reports every key (zeros where a c is absent): verl aggregates per key.
     """

@@ -6,7 +6,9 @@
    `gapo_group_size`, `gapo_success`.
 2. The actor's loss callable becomes `GAPOActorLoss`, which hands them to the registered GAPO loss inside
    the FSDP actor update (verl's `set_loss_fn` hook; verl's `ppo_loss` still does the rest).
-After the actor update the loss's raw per-c sums become the paper's diagnostics (`gapo/*` metrics).
+After the actor update the loss's raw per-c sums become the paper's diagnostics (`gapo/*` metrics), and the
+step's per-c points join the window of `gapo/is_adv_corr_window` (`gapo.diagnostics`; kept by the trainer, so
+it restarts with the process).
 Besides (one hook, `_val_metrics_update`): validation also logs the evaluator's metrics from the val_kwargs.n
 samples per prompt (`val_passk_metrics`): unbiased pass@k for k = 1, 2, 4, ... <= n and coverage, per
 benchmark, as `val-passk/<data_source>/...`.
@@ -32,6 +34,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
 from eval.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics
+from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow, step_correlation
 from gapo.groups import group_statistics, session_final_rows
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
@@ -71,6 +74,8 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
                 f"{self.trainer_mode!r}: GAPOTrainer._build_replay_buffer was not called after it read the mode"
             )
         self._gapo = omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
+        # gapo/is_adv_corr_window's latest steps; restarts with the process (not checkpointed)
+        self._is_adv_window = CorrelationWindow(self._gapo.diag_corr_window)
 
     def _build_replay_buffer(self):
         """verl's sync replay buffer, with the trainer's mode set to verl's "sync".
@@ -151,7 +156,10 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
 
     def _update_actor(self, batch, metrics):
         batch = super()._update_actor(batch, metrics)
-        metrics.update(diagnostics_from_sums(metrics))
+        diagnostics = diagnostics_from_sums(metrics)
+        metrics.update(diagnostics)
+        if IS_ADV_CORR_LEVELS in diagnostics:  # a GAPO loss ran with diagnostics on: the step joins the window
+            metrics.update(self._is_adv_window.add(is_adv_points(diagnostics)))
         return batch
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
@@ -268,14 +276,23 @@ def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: d
                          coverage_threshold=float(coverage_threshold))
 
 
+# per-c diagnostic names (followed by c): the points of gapo/is_adv_corr
+RATIO_DEV_POS = "gapo/ratio_dev_pos/c"
+ADV_POS = "gapo/adv_pos/c"
+
+
 def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
     """Pop the loss's raw sums out of `metrics` and return the paper's diagnostics as ratios.
 
     The loss reports them as SUM-aggregated verl Metrics: verl sums them over a mini-batch's micro-batches,
     averages over data-parallel ranks and then over mini-batches, which scales every sum by the same factor,
     so numerator / denominator is the exact ratio over the step whatever the (dynamic) micro-batching.
-    Names (grouped under `gapo/` in W&B):
-    gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c}, gapo/loss_eps_high_mean.
+    Names (grouped under `gapo/` in W&B), over the successes with a positive advantage at each success count c
+    present, all token-weighted (sum over their real tokens / their tokens):
+    gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c} (mean |ratio - 1|), gapo/adv_pos/c{c} (mean advantage);
+    gapo/loss_eps_high_mean; gapo/is_adv_corr_levels (how many c are present) and, where defined,
+    gapo/is_adv_corr: the Pearson correlation of (ratio_dev_pos/c{c}, adv_pos/c{c}) over those c
+    (`gapo.diagnostics.pearson`). Nothing when the loss reported no sums (diagnostics off, baseline loss).
     """
     prefix = f"actor/{SUMS_PREFIX}/"
     sums = {key[len(prefix):]: metrics.pop(key) for key in list(metrics) if key.startswith(prefix)}
@@ -287,5 +304,14 @@ def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
         tokens = sums[f"c{c}/tokens"]
         if tokens > 0:
             out[f"gapo/clipfrac_pos/c{c}"] = sums[f"c{c}/clipped"] / tokens
-            out[f"gapo/ratio_dev_pos/c{c}"] = sums[f"c{c}/ratio_dev"] / tokens
+            out[f"{RATIO_DEV_POS}{c}"] = sums[f"c{c}/ratio_dev"] / tokens
+            out[f"{ADV_POS}{c}"] = sums[f"c{c}/advantage"] / tokens
+    if counts:
+        out.update(step_correlation(is_adv_points(out)))
     return out
+
+
+def is_adv_points(diagnostics: dict) -> list[tuple[float, float]]:
+    """The step's per-c points (mean |ratio - 1|, mean advantage) from `diagnostics_from_sums`'s output, by c."""
+    levels = sorted(int(key[len(RATIO_DEV_POS):]) for key in diagnostics if key.startswith(RATIO_DEV_POS))
+    return [(diagnostics[f"{RATIO_DEV_POS}{c}"], diagnostics[f"{ADV_POS}{c}"]) for c in levels]
