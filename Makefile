@@ -14,6 +14,9 @@
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
 #   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
+#   make plot-run RUN_DIRS="runs/a runs/b" CURVES=x.png   training curves from the runs' metrics files (file logger
+#                  or W&B run folders): per-c clip fraction and |ratio - 1|, reward, validation pass@k; PLOT_RUN_ARGS
+#                  e.g. "--labels A B --steps 100:500"
 #   make reproduce TABLE=math|code|ablation   every run's command for that paper table; REPRODUCE_ARGS e.g.
 #                  "--nodes 4", "--submit --ckpt-root /shared/ckpt", "--fill" (python -m recipe.reproduce -h)
 SHELL := /bin/bash
@@ -50,7 +53,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce
+.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -155,3 +158,10 @@ clean:
 TABLE ?= math
 reproduce: install
 	$(PY) -m recipe.reproduce $(TABLE) $(REPRODUCE_ARGS)
+
+# training curves of runs side by side (per-c clip fraction and |ratio - 1|, reward, validation pass@k)
+RUN_DIRS ?= runs/smoke
+CURVES ?= runs/curves.png
+PLOT_RUN_ARGS ?=
+plot-run: install
+	$(PY) -m recipe.plot_run $(RUN_DIRS) --out $(CURVES) $(PLOT_RUN_ARGS)
