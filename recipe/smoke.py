@@ -72,15 +72,16 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str]) -> 
 
 def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict:
     """One supervised training run, in its own session and Ray temp dir. Returns {"metrics_file", "wall_s",
-    "peak_pss_bytes"}. Raises SmokeCheckError with the log's tail (or the rollout server's error) on failure."""
+    "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the log's tail (or the rollout server's error) on failure."""
     cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides)
     # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
     ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
     cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
     env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
     print(f"[smoke] {run}: {' '.join(cmd[1:])}\n[smoke] log: {log_file}", flush=True)
+    supervised = SupervisedRun(cmd, env, log_file, cwd=ROOT, timeout_s=timeout_s)
     try:
-        result = SupervisedRun(cmd, env, log_file, cwd=ROOT, timeout_s=timeout_s).wait()
+        result = supervised.wait()
     except SupervisedRunError as err:
         raise SmokeCheckError(f"{run} failed: {err}") from None
     finally:
@@ -90,7 +91,9 @@ def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s
     if result.returncode != 0:
         tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
         raise SmokeCheckError(f"{run} failed (exit {result.returncode}); last lines of {log_file}:\n{tail}")
-    return {"metrics_file": metrics_file, "wall_s": result.wall_s, "peak_pss_bytes": result.peak_pss_bytes}
+    return {"metrics_file": metrics_file, "wall_s": result.wall_s, "peak_pss_bytes": result.peak_pss_bytes,
+            # what identifies the run's processes (its session, its marker variable, its Ray temp dir), for checks
+            "session": supervised.proc.pid, "marker": (supervised.marker_env, supervised.token), "ray_tmp": ray_tmp}
 
 
 def read_metrics(path: Path) -> dict[int, dict]:

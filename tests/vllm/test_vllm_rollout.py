@@ -194,11 +194,22 @@ def test_gapo_thresholds_and_per_c_diagnostics_with_vllm_rollouts(vllm_smoke):
 def test_nothing_of_the_vllm_runs_is_left(vllm_smoke):
     import psutil
 
+    # the runs' processes: their sessions, their marker variable, or their paths on the command line (Ray's raylet
+    # and GCS name the run's temp dir). Not every GAPOTaskRunner: `make test` runs other trainings beside this one.
+    runs = vllm_smoke["runs"]
+    sessions = {r["session"] for r in runs}
+    markers = {r["marker"] for r in runs}
+    paths = [str(vllm_smoke["out"]), *(r["ray_tmp"] for r in runs)]
     left = []
     for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if str(vllm_smoke["out"]) in cmd or "GAPOTaskRunner" in cmd or "vLLMHttpServer" in cmd:
-            left.append(cmd[:120])
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            env = proc.environ()
+            if (os.getsid(proc.pid) in sessions or any(env.get(k) == v for k, v in markers)
+                    or any(p in cmd for p in paths)):
+                left.append(cmd[:120])
+        except (psutil.Error, OSError):
+            continue
     assert left == []
     assert shm_now() - vllm_smoke["shm_before"] == set()
 
