@@ -72,7 +72,8 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str]) -> 
 
 def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict:
     """One supervised training run, in its own session and Ray temp dir. Returns {"metrics_file", "wall_s",
-    "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the log's tail (or the rollout server's error) on failure."""
+    "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the log's tail (or the rollout
+    server's error) on failure."""
     cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides)
     # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
     ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
