@@ -463,7 +463,10 @@ def any_box(request):
 @pytest.mark.parametrize("name", sorted(LEAKY))
 def test_nothing_outlives_the_call(any_box, name):
     for _ in range(3):
-        result = compute_code_score("taco", _fence(LEAKY[name]), TESTS4, sandbox=any_box)
+        # the box's limits (1 s a test, 3 s a problem), not TACO's protocol (12 s a test): the programs sleep 30 s
+        result = compute_code_score("taco", _fence(LEAKY[name]), TESTS4, sandbox=any_box,
+                                    test_timeout_s=any_box.config.test_timeout_s,
+                                    problem_timeout_s=any_box.config.problem_timeout_s)
         left = leftovers(any_box)  # at once: no sleep
         assert result["score"] == 0.0
         assert left == [], f"{name}: {len(left)} processes outlived the call"
