@@ -23,6 +23,7 @@ as verl's sync trainer.
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
-from eval.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics
+from eval.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics, spread
 from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow, step_correlation
 from gapo.groups import group_statistics, session_final_rows
 from gapo.threshold import adaptive_eps_high
@@ -47,7 +48,12 @@ from gapo.verl_plugin.losses import (
     SUMS_PREFIX,
     GAPOActorLoss,
 )
-from gapo.verl_plugin.validate import sampler_poll_interval, validate_gapo_config, validation_settings
+from gapo.verl_plugin.validate import (
+    VAL_COVERAGE_KEY,
+    sampler_poll_interval,
+    validate_gapo_config,
+    validation_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +62,6 @@ TRAINER_MODE = "gapo"
 # solve rate above it, as `python -m eval --coverage-threshold`. With val_kwargs.n = 16 a 5% threshold counts any
 # single success (README, Evaluation). trainer.val_window: val-passk-window/* averages the latest that many
 # validations (gapo/verl_plugin/validate.py checks both at start-up).
-VAL_COVERAGE_KEY = "val_coverage_threshold"
 
 
 @register_trainer(TRAINER_MODE)
@@ -238,20 +243,17 @@ class ValidationWindow:
     many validations it holds). The paper reports coverage as such an average late in training."""
 
     def __init__(self, size: int):
-        self.size = size
-        self.history: list[dict[str, float]] = []
+        self.history: deque[dict[str, float]] = deque(maxlen=size)
 
     def add(self, metrics: dict[str, float]) -> dict[str, float]:
         kept = {k: float(v) for k, v in metrics.items()
                 if k.startswith("val-passk/") and ("/pass@" in k or "/coverage@" in k)}
-        self.history = [*self.history, kept][-self.size:]
+        self.history.append(kept)
         out = {"val-passk-window/size": float(len(self.history))}
         for key in kept:
-            values = [h[key] for h in self.history if key in h]
-            mean = sum(values) / len(values)
-            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+            sp = spread([h[key] for h in self.history if key in h])  # eval's own mean and sample std
             name = key.replace("val-passk/", "val-passk-window/", 1)
-            out[f"{name}/mean"], out[f"{name}/std"] = mean, var ** 0.5
+            out[f"{name}/mean"], out[f"{name}/std"] = sp["mean"], sp["std"] or 0.0
         return out
 
 
@@ -268,7 +270,7 @@ def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: d
     `.../all_solved_frac`, `.../problems`.
     """
     if not 0 <= float(coverage_threshold) < 1:
-        raise ValueError(f"trainer.{VAL_COVERAGE_KEY} must be a solve rate in [0, 1), got {coverage_threshold}")
+        raise ValueError(f"{VAL_COVERAGE_KEY} must be a solve rate in [0, 1), got {coverage_threshold}")
     rewards = infos.get("reward", [])
     accs = infos.get("acc") or [None] * len(rewards)
     correct = [bool(a) if a is not None else float(r) > success_threshold for a, r in zip(accs, rewards, strict=True)]
