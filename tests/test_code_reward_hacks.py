@@ -46,6 +46,16 @@ def box():
     sandbox.close()
 
 
+@pytest.fixture(scope="module")
+def probe_box():
+    """Leak probes read every file the box can see (the interpreter's whole install is bound in): about 1 s
+    alone, but more than the 3 s of `box` when CI trains beside it (a timeout there says nothing about a
+    leak), so they get a generous limit."""
+    sandbox = started_sandbox(SandboxConfig(test_timeout_s=60.0, problem_timeout_s=120.0, memory_mb=512))
+    yield sandbox
+    sandbox.close()
+
+
 def _score_all(box, answers, gt, **kw):
     out = score_code_batch([_fence(a) for a in answers], [gt] * len(answers), sandbox=box, **kw)
     for r in out:
@@ -153,8 +163,8 @@ def test_secret_problem_is_judged_right(box):
 
 
 @pytest.mark.parametrize("name", sorted(LEAK_PROBES))
-def test_humaneval_answer_process_holds_no_test_code_or_expected_values(box, name):
-    (out,) = _score_all(box, [SECRETS + LEAK_PROBES[name] + PROBE], SECRET)
+def test_humaneval_answer_process_holds_no_test_code_or_expected_values(probe_box, name):
+    (out,) = _score_all(probe_box, [SECRETS + LEAK_PROBES[name] + PROBE], SECRET)
     assert out["score"] == 0.0, f"{name}: the answer found the judge's data in its process"
     assert "wrong answer" in out["reason"]
 
