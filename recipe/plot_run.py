@@ -18,7 +18,8 @@ the later file wins (e.g. a resumed run's validation before training, logged at 
 
 Panels (each skipped with a printed note when no run has it): ``gapo/clipfrac_pos/c{c}`` (clip fraction of the
 positive-advantage successes of groups with c successes) and ``gapo/ratio_dev_pos/c{c}`` (their mean
-|ratio - 1|), one line per (run, c); reward (``critic/score/mean``), one line per run; per validation data
+|ratio - 1|), one line per (run, c); ``gapo/is_adv_corr`` and ``gapo/is_adv_corr_window`` (the correlation of
+|ratio - 1| and advantage over c, per step and over the window), one line per (run, which); reward (``critic/score/mean``), one line per run; per validation data
 source, ``val-passk/<source>/pass@k`` for every k logged and ``.../coverage_frac@<t>``, one line per (run, k).
 Runs differ by line style and marker in every panel; colour is c (or k) within a panel.
 """
@@ -39,6 +40,9 @@ from pathlib import Path
 CLIPFRAC_PREFIX = "gapo/clipfrac_pos/c"
 RATIO_DEV_PREFIX = "gapo/ratio_dev_pos/c"
 REWARD_KEY = "critic/score/mean"
+# the paper's correlation of |ratio - 1| and advantage over the per-c points (gapo.diagnostics): the step's, and
+# the window's (policy_loss.diag_corr_window steps)
+CORR_KEYS = {"step": "gapo/is_adv_corr", "window": "gapo/is_adv_corr_window"}
 VAL_PREFIX = "val-passk/"
 _PASSK = re.compile(r"^val-passk/(?P<source>.+)/pass@(?P<k>\d+)$")
 _COVERAGE = re.compile(r"^val-passk/(?P<source>.+)/coverage_frac@(?P<t>[^/]+)$")
@@ -394,6 +398,12 @@ def build_panels(runs: list[Run]) -> tuple[list[Panel], list[str]]:
             panels.append(panel)
         else:
             skipped.append(f"{title}: no run logged {prefix}<c>")
+    corr = [Line(run.label, key, metric, *series(run, metric)) for run in runs for key, metric in CORR_KEYS.items()]
+    corr = [line for line in corr if line.steps]
+    if corr:
+        panels.append(Panel("corr(|ratio - 1|, advantage) over c", "Pearson r", corr))
+    else:
+        skipped.append(f"correlation: no run logged {' or '.join(CORR_KEYS.values())}")
     reward = [Line(run.label, "", REWARD_KEY, *series(run, REWARD_KEY)) for run in runs]
     reward = [line for line in reward if line.steps]
     if reward:

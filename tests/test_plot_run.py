@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from recipe.plot_run import (
+    CORR_KEYS,
     MetricsNotFound,
     build_panels,
     load_run,
@@ -77,7 +78,8 @@ def test_two_runs_side_by_side(tmp_path):
         (1, step_metrics({1: 0.5, 2: 0.25}, {1: 0.04, 2: 0.03}, 0.40, **{
             "val-passk/aime/pass@1": 0.1, "val-passk/aime/pass@2": 0.15, "val-passk/aime/coverage@5%": 3.0,
             "val-passk/aime/coverage_frac@5%": 0.2, "val-passk-window/aime/pass@1/mean": 0.1})),
-        (2, step_metrics({1: 0.375, 2: 0.125}, {1: 0.05, 2: 0.02}, 0.45)),
+        (2, step_metrics({1: 0.375, 2: 0.125}, {1: 0.05, 2: 0.02}, 0.45, **{
+            "gapo/is_adv_corr": 0.9, "gapo/is_adv_corr_window": 0.7})),
         (3, step_metrics({1: 0.25}, {1: 0.06}, 0.5, **{"val-passk/aime/pass@1": 0.2, "val-passk/aime/pass@2": 0.3,
                                                      "val-passk/aime/coverage_frac@5%": 0.4})),
     ])
@@ -104,6 +106,8 @@ def test_two_runs_side_by_side(tmp_path):
     assert lines_of(result, "validation: aime") == {
         ("gapo", "pass@1"): {1: 0.1, 3: 0.2}, ("gapo", "pass@2"): {1: 0.15, 3: 0.3},
         ("gapo", "coverage_frac@5%"): {1: 0.2, 3: 0.4}}
+    # the correlation: step and window, where logged (step 2 of run a; run b has none)
+    assert lines_of(result, "corr(") == {("gapo", "step"): {2: 0.9}, ("gapo", "window"): {2: 0.7}}
     assert result["skipped"] == []
     text = "\n".join(printed)
     assert "gapo: 3 steps (1..3) from file logger logs/run1.jsonl" in text
@@ -153,6 +157,7 @@ def test_missing_panels_are_noted_not_fatal(tmp_path, capsys):
     assert "panel skipped: clip fraction by c (positive-advantage successes): no run logged gapo/clipfrac_pos/c<c>" \
         in out
     assert "panel skipped: mean |ratio - 1| by c" in out
+    assert "panel skipped: correlation: no run logged gapo/is_adv_corr or gapo/is_adv_corr_window" in out
     assert "panel skipped: validation pass@k: no run logged val-passk/<source>/pass@<k>" in out
     assert "panel: reward (critic/score/mean)" in out
     # a run that has none of the plotted quantities: a clear error, no figure
@@ -308,11 +313,14 @@ def test_plot_of_a_real_smoke_run(smoke_run, tmp_path):
                     expected.setdefault(("smoke", f"c{key[len(prefix):]}"), {})[step] = value
         assert expected and drawn[title] == expected, title
     assert drawn["reward"] == {("smoke", ""): {s: m["critic/score/mean"] for s, m in logged.items()}}
+    expected = {("smoke", key): {s: m[metric] for s, m in logged.items() if metric in m}
+                for key, metric in CORR_KEYS.items()}
+    assert expected[("smoke", "window")] and lines_of(result, "corr(") == {k: v for k, v in expected.items() if v}
     # the smoke preset does not validate (trainer.test_freq: -1): that panel is skipped with a note
-    assert [p.title.split(" ")[0] for p in result["panels"]] == ["clip", "mean", "reward"]
+    assert [p.title.split(" ")[0] for p in result["panels"]] == ["clip", "mean", "corr(|ratio", "reward"]
     assert any(note.startswith("validation pass@k") for note in result["skipped"])
     text = "\n".join(printed)
     assert "smoke: 3 steps (1..3) from file logger logs/run1.jsonl, logs/run2.jsonl" in text
     assert "2 files merged by step" in text and "panel skipped: validation pass@k" in text
     panels, _ = build_panels([run])
-    assert len(panels) == 3
+    assert len(panels) == 4
