@@ -51,6 +51,9 @@ class HFRolloutServer:
         eos = eos if eos is not None else model_config.tokenizer.eos_token_id
         self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_token_ids)
+        # rollout.seed seeds sampling, as verl's vLLM servers do (vLLM's `seed`): runs with different seeds sample
+        # differently, and a run's samples repeat given the order of its requests (one at a time, below)
+        torch.manual_seed(int(self.config.seed) + replica_rank)
         self.global_steps: Optional[int] = None
         self._lock = asyncio.Lock()
 

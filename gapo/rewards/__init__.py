@@ -155,7 +155,10 @@ def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], gr
 
 register_scorer(MATH_SOURCES, "gapo.rewards.math_answer:compute_score", keywords=MATH_KEYWORDS,
                 batch="gapo.rewards.math_answer:compute_score_batch")
-register_scorer("gapo_smoke", "gapo.smoke.task:compute_score")
+# the smoke task, and its difficulty buckets' held-out rows in the study (gapo.smoke.task.bucket_source)
+from gapo.smoke.task import DATA_SOURCE as _SMOKE, DIFFICULTY_BUCKETS as _BUCKETS, bucket_source  # noqa: E402 (light)
+
+register_scorer((_SMOKE, *map(bucket_source, _BUCKETS)), "gapo.smoke.task:compute_score")
 # Code: stdin/stdout and function-call tests run in a bubblewrap sandbox (gapo/rewards/sandbox.py); importing
 # gapo.rewards.code starts nothing (the sandbox executor starts on the first scored item).
 from gapo.rewards.code import CODE_SOURCES, RESULT_KEYS as CODE_RESULT_KEYS  # noqa: E402

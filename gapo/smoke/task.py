@@ -44,26 +44,67 @@ def make_prompt(allowed: str) -> str:
 
 
 def make_rows(n: int, *, seed: int, split: str,
-              min_size: int = MIN_SET_SIZE, max_size: int = MAX_SET_SIZE) -> list[dict]:
-    """``n`` rows in verl's RL parquet schema; deterministic given (seed, split)."""
+              min_size: int = MIN_SET_SIZE, max_size: int = MAX_SET_SIZE, data_source: str = DATA_SOURCE,
+              bucket: str | None = None) -> list[dict]:
+    """``n`` rows in verl's RL parquet schema; deterministic given (seed, split, bucket).
+
+    ``data_source`` is what verl groups validation metrics by (a difficulty bucket's source for the study's
+    held-out rows); ``bucket``, when given, is kept in ``extra_info`` and salts the random stream."""
     if not 1 <= min_size <= max_size <= len(CHOICE_POOL):
         raise ValueError(f"need 1 <= min_size <= max_size <= {len(CHOICE_POOL)}")
     # A string seed is hashed deterministically by random.Random (unlike hash()), and keeps the
     # train and val streams independent.
-    rng = random.Random(f"{seed}/{split}")
+    rng = random.Random(f"{seed}/{split}" + (f"/{bucket}" if bucket else ""))
     rows = []
     for i in range(n):
         size = rng.randint(min_size, max_size)
         # Sorted so the same set always reads the same; the set itself is uniformly random.
         allowed = "".join(sorted(rng.sample(CHOICE_POOL, size)))
         rows.append({
-            "data_source": DATA_SOURCE,
+            "data_source": data_source,
             "prompt": [{"role": "user", "content": make_prompt(allowed)}],
             "ability": ABILITY,
             "reward_model": {"style": "rule", "ground_truth": allowed},
-            "extra_info": {"index": i, "split": split},
+            "extra_info": {"index": i, "split": split, **({"bucket": bucket} if bucket else {})},
         })
     return rows
+
+
+# The study's difficulty buckets (recipe/study.py): |S| ranges and, for the random model, success ~ |S| / 41
+# with 8 new tokens (`expected_success_rate`): hard 2.4-9.8% (the tail where the paper says GAPO helps),
+# mid 20-49%, easy 61-78%.
+DIFFICULTY_BUCKETS = {"hard": (1, 4), "mid": (8, 20), "easy": (25, 32)}
+
+
+def bucket_source(bucket: str) -> str:
+    """data_source of a bucket's held-out rows (registered with the reward dispatcher): gapo_smoke_<bucket>."""
+    return f"{DATA_SOURCE}_{bucket}"
+
+
+def make_study_dataset(out_dir, n_train: int = 512, n_val_per_bucket: int = 12, seed: int = 0) -> dict[str, Path]:
+    """The study's task: ``train.parquet`` with the buckets in equal shares (source gapo_smoke, bucket in
+    extra_info) and ``val.parquet`` with ``n_val_per_bucket`` held-out rows per bucket, each bucket its own
+    data_source (so validation's pass@k comes per bucket). Train and val streams are independent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = list(DIFFICULTY_BUCKETS)
+    shares = [n_train // len(names) + (i < n_train % len(names)) for i in range(len(names))]
+    train = [row for name, n in zip(names, shares)
+             for row in make_rows(n, seed=seed, split="train", min_size=DIFFICULTY_BUCKETS[name][0],
+                                  max_size=DIFFICULTY_BUCKETS[name][1], bucket=name)]
+    random.Random(f"{seed}/train/order").shuffle(train)
+    for i, row in enumerate(train):
+        row["extra_info"]["index"] = i
+    val = [row for name in names
+           for row in make_rows(n_val_per_bucket, seed=seed, split="val", min_size=DIFFICULTY_BUCKETS[name][0],
+                                max_size=DIFFICULTY_BUCKETS[name][1], data_source=bucket_source(name), bucket=name)]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"train": out / "train.parquet", "val": out / "val.parquet"}
+    for split, rows in (("train", train), ("val", val)):
+        pq.write_table(pa.Table.from_pylist(rows), paths[split])
+    return paths
 
 
 def make_dataset(out_dir, n_train: int = 512, n_val: int = 64, seed: int = 0, **kw) -> dict[str, Path]:
