@@ -17,6 +17,8 @@
 #   make plot-run RUN_DIRS="runs/a runs/b" CURVES=x.png   training curves from the runs' metrics files (file logger
 #                  or W&B run folders): per-c clip fraction and |ratio - 1|, reward, validation pass@k; PLOT_RUN_ARGS
 #                  e.g. "--labels A B --steps 100:500"
+#   make study     seeded GSPO-vs-GAPO study on CPU through verl's trainer (4 methods x 3 seeds, about 30 min):
+#                  runs/study/report.md, report.json, figures/; REDUCED=1 one seed, two methods, 3 steps (as CI)
 #   make reproduce TABLE=math|code|ablation   every run's command for that paper table; REPRODUCE_ARGS e.g.
 #                  "--nodes 4", "--submit --ckpt-root /shared/ckpt", "--fill" (python -m recipe.reproduce -h)
 SHELL := /bin/bash
@@ -53,7 +55,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run
+.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -165,3 +167,11 @@ CURVES ?= runs/curves.png
 PLOT_RUN_ARGS ?=
 plot-run: install
 	$(PY) -m recipe.plot_run $(RUN_DIRS) --out $(CURVES) $(PLOT_RUN_ARGS)
+
+# the seeded GSPO-vs-GAPO study (recipe/study.py): STUDY_JOBS runs at once (~4 GiB each), STUDY_ARGS e.g.
+# "--seeds 0 1 2 3 --steps 32" (python -m recipe.study -h); a rerun keeps the runs that finished
+STUDY_DIR ?= runs/study$(if $(REDUCED),-reduced)
+STUDY_JOBS ?= 2
+STUDY_ARGS ?=
+study: install
+	$(PY) -m recipe.study --out $(STUDY_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
