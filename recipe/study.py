@@ -332,7 +332,9 @@ def render_markdown(summary: dict, s: StudySettings, wall_s: float | None) -> st
         for m, r in methods.items():
             lines.append(f"| {m} | " + " | ".join(_fmt(r[phase][b][n]) for b in buckets for n in names) + " |")
         lines.append("")
-    lines += [f"## Training, last {s.last} steps", "", "| method | reward | all wrong | mixed | all right |",
+    lines += [f"## Training, last {s.last} steps", "",
+              "Fractions of the groups; the coverage of the train prompts is 1 - all wrong (a group with a success).",
+              "", "| method | reward | all wrong | mixed | all right |",
               "|---|---|---|---|---|"]
     for m, r in methods.items():
         lines.append(f"| {m} | " + " | ".join(_fmt(r["late"][k]) for k in (REWARD, *GROUP_FRACS)) + " |")
