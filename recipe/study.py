@@ -222,6 +222,7 @@ def summarize(metrics_by_run: dict[str, dict[int, dict]], s: StudySettings) -> d
                                       for name in val_names(s)}
         for key in (REWARD, *GROUP_FRACS):
             res["late"][key] = _spread([_mean_over(m, late, key) for m in runs])
+        res["early"] = {REWARD: _spread([_mean_over(m, range(1, s.last + 1), REWARD) for m in runs])}
         every = range(1, s.steps + 1)
         for prefix in (CLIPFRAC, RATIO_DEV):
             cs = sorted({int(k[len(prefix):]) for m in runs for t in every for k in m.get(t, {})
@@ -298,6 +299,18 @@ def findings(summary: dict, s: StudySettings) -> list[str]:
             out.append(f"{m}: mean |ratio - 1| of successes is {lo:.4f} at c = {cs[0]} and {hi:.4f} at c = {cs[-1]} "
                        f"({'larger at small c, as the paper says' if lo > hi else 'not larger at small c'}); "
                        f"correlation with the advantage {_fmt(methods[m]['mechanism'][CORR])}.")
+    for m in methods:  # did training move the reward at all (else nothing below can differ by method)
+        late, early = methods[m]["late"][REWARD], methods[m]["early"][REWARD]
+        diff, se, sure = _distinguishable(late, early)
+        if len(s.seeds) == 1:
+            verdict = "one seed: no spread to judge the change by"
+        elif sure:
+            verdict = "the reward moved"
+        else:
+            verdict = ("not shown to move: more steps or a higher learning rate are needed before the methods can "
+                       "differ in reward")
+        out.append(f"{m}: reward over the last {s.last} steps {late['mean']:.3f}, over the first {s.last} "
+                   f"{early['mean']:.3f} ({diff:+.3f}, standard error {se:.3f}; {verdict}).")
     for m in methods:
         late = methods[m]["late"]
         out.append(f"{m}: over the last {s.last} steps {late[GROUP_FRACS[0]]['mean']:.3f} of groups were all wrong "
@@ -334,10 +347,11 @@ def render_markdown(summary: dict, s: StudySettings, wall_s: float | None) -> st
         lines.append("")
     lines += [f"## Training, last {s.last} steps", "",
               "Fractions of the groups; the coverage of the train prompts is 1 - all wrong (a group with a success).",
-              "", "| method | reward | all wrong | mixed | all right |",
-              "|---|---|---|---|---|"]
+              "", f"| method | reward | all wrong | mixed | all right | reward, first {s.last} steps |",
+              "|---|---|---|---|---|---|"]
     for m, r in methods.items():
-        lines.append(f"| {m} | " + " | ".join(_fmt(r["late"][k]) for k in (REWARD, *GROUP_FRACS)) + " |")
+        lines.append(f"| {m} | " + " | ".join(_fmt(r["late"][k]) for k in (REWARD, *GROUP_FRACS))
+                     + f" | {_fmt(r['early'][REWARD])} |")
     cs = sorted({c for r in methods.values() for c in r["mechanism"]["gapo/clipfrac_pos"]}, key=int)
     lines += ["", "## Mechanism: per success count c, positive-advantage successes, mean over steps", "",
               "| method | quantity | " + " | ".join(f"c = {c}" for c in cs) + " | corr(|ratio-1|, A) |",

@@ -90,6 +90,8 @@ def test_report_numbers_are_the_logged_ones_hand_computed(tmp_path):
         reward = res["late"]["critic/score/mean"]
         assert reward["values"] == pytest.approx([0.7 + 0.1 * mi, 0.75 + 0.1 * mi])
         assert res["late"]["gapo/groups/all_wrong_frac"]["mean"] == pytest.approx(0.5 - 0.35)
+        # and the first 2 steps (1, 2), to tell whether training moved the reward
+        assert res["early"]["critic/score/mean"]["values"] == pytest.approx([0.3 + 0.1 * mi, 0.35 + 0.1 * mi])
         # mechanism over every step; c1 averages only the steps where it was logged
         c1 = res["mechanism"]["gapo/clipfrac_pos"]["1"]
         assert c1["values"] == pytest.approx([0.3, 0.6]) and c1["std"] == pytest.approx(math.sqrt(0.045))
@@ -119,6 +121,9 @@ def test_findings_follow_the_numbers(tmp_path):
     assert any("clip fraction at c = 1 is 0.4500" in f and "binds" in f for f in found)
     # c1's |ratio - 1| (0.1) is above c2's (~0.025)
     assert any(f.startswith("gspo_clip_higher: mean |ratio - 1|") and "larger at small c" in f for f in found)
+    # the reward rose by 0.4 from the first 2 steps to the last 2 in both seeds (standard error 0.035)
+    assert any(f.startswith("gapo_linear: reward over the last 2 steps 0.825, over the first 2 0.425 (+0.400")
+               and "the reward moved" in f for f in found)
     # the same runs with one seed: nothing is called distinguishable
     one = settings(seeds=[0])
     found = summarize({k: v for k, v in metrics.items() if k.endswith("-s0")}, one)["findings"]
@@ -134,10 +139,14 @@ def test_clip_that_never_binds_at_c1_is_reported_as_a_null_result(tmp_path):
         for rec in lines:
             if "gapo/clipfrac_pos/c1" in rec["data"]:
                 rec["data"]["gapo/clipfrac_pos/c1"] = 0.0
+            if "critic/score/mean" in rec["data"]:  # a reward that alternates and never rises
+                rec["data"]["critic/score/mean"] = 0.4 + 0.1 * (rec["step"] % 2) + 0.01 * int(name[-1])
         path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     found = summarize({k: study.read_metrics(p) for k, p in files.items()}, s)["findings"]
     assert any(f.startswith("gspo_clip_higher: clip fraction at c = 1 is 0.0000 (< 0.01)") and "null result" in f
                for f in found)
+    assert any(f.startswith("gapo_linear: reward over the last 2 steps 0.455, over the first 2 0.455 (+0.000")
+               and "not shown to move" in f for f in found)
 
 
 def test_finished_runs_are_kept_unfinished_ones_rerun_and_the_commands_written(tmp_path, monkeypatch):
