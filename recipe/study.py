@@ -246,13 +246,21 @@ def _fmt(sp: dict | None, digits: int = 3) -> str:
     return f"{sp['mean']:.{digits}f} ± {sp['std']:.{digits}f}"
 
 
-def _distinguishable(a: dict, b: dict) -> tuple[float, float, bool]:
-    """(difference of seed means a - b, its standard error, |difference| > 2 standard errors). With one seed the
-    standard error is unknown (0) and nothing is called distinguishable."""
-    n_a, n_b = len(a["values"]), len(b["values"])
-    se = math.sqrt(a["std"] ** 2 / n_a + b["std"] ** 2 / n_b)
+def _distinguishable(a: dict, b: dict, draws: int | None = None) -> tuple[float, float, bool]:
+    """(difference of seed means a - b, its standard error, |difference| > 2 standard errors).
+
+    The standard error of each mean is the seeds' (sample std / sqrt(seeds)), but never below the sampling noise
+    of the evaluation when `draws` (the 0/1 draws behind one seed's value: problems x samples for pass@1,
+    problems for pass@k and coverage) is given: sqrt(p (1 - p) / (draws x seeds)). With three seeds the seeds'
+    spread alone can be far too small (two runs can agree by chance). With one seed nothing is distinguishable."""
+    def var_of_mean(x: dict) -> float:
+        n = len(x["values"])
+        floor = x["mean"] * (1 - x["mean"]) / (draws * n) if draws else 0.0
+        return max(x["std"] ** 2 / n, floor)
+
+    se = math.sqrt(var_of_mean(a) + var_of_mean(b))
     diff = a["mean"] - b["mean"]
-    return diff, se, (min(n_a, n_b) > 1 and abs(diff) > 2 * se)
+    return diff, se, (min(len(a["values"]), len(b["values"])) > 1 and abs(diff) > 2 * se)
 
 
 def findings(summary: dict, s: StudySettings) -> list[str]:
@@ -268,18 +276,25 @@ def findings(summary: dict, s: StudySettings) -> list[str]:
                + ", ".join(f"{b} {v:.3f}" for b, v in pooled.items())
                + f"; the buckets are meant to be ~0.02-0.10 (hard), 0.20-0.49 (mid), 0.61-0.78 (easy) for a uniform "
                  f"sampler, measured here on {s.val_per_bucket} prompts x {s.val_n} samples per bucket.")
+    compared = 0
     for g in adaptive:
         for f in fixed:
             for bucket in ("hard",) + tuple(b for b in summary["buckets"] if b != "hard"):
                 for name in ("pass@1", f"pass@{s.val_n}"):
+                    compared += 1
+                    draws = s.val_per_bucket * (s.val_n if name == "pass@1" else 1)
                     diff, se, sure = _distinguishable(methods[g]["final"][bucket][name],
-                                                      methods[f]["final"][bucket][name])
+                                                      methods[f]["final"][bucket][name], draws)
                     if bucket == "hard" or sure:
-                        verdict = ("beyond 2 standard errors" if sure else
-                                   "within 2 standard errors: not distinguishable from seed noise" if len(s.seeds) > 1
+                        verdict = ("beyond 2 standard errors of seeds and evaluation noise" if sure else
+                                   "within 2 standard errors: not distinguishable from noise" if len(s.seeds) > 1
                                    else "one seed: no spread to judge it by")
                         out.append(f"{g} - {f}, final {name} on {bucket}: {diff:+.3f} (standard error {se:.3f}; "
                                    f"{verdict}).")
+    if compared and len(s.seeds) > 1:
+        out.append(f"{compared} held-out comparisons of a GAPO method with a fixed clip were made (the hard bucket's "
+                   f"are all listed above, the others only where they cross 2 standard errors); about "
+                   f"{0.0455 * compared:.1f} of them would cross 2 standard errors by chance alone.")
     for f in fixed:
         c1 = methods[f]["mechanism"]["gapo/clipfrac_pos"].get("1")
         if c1 is None:
@@ -295,9 +310,12 @@ def findings(summary: dict, s: StudySettings) -> list[str]:
         dev = methods[m]["mechanism"]["gapo/ratio_dev_pos"]
         cs = sorted(dev, key=int)
         if len(cs) >= 2:
-            lo, hi = dev[cs[0]]["mean"], dev[cs[-1]]["mean"]
-            out.append(f"{m}: mean |ratio - 1| of successes is {lo:.4f} at c = {cs[0]} and {hi:.4f} at c = {cs[-1]} "
-                       f"({'larger at small c, as the paper says' if lo > hi else 'not larger at small c'}); "
+            diff, se, sure = _distinguishable(dev[cs[0]], dev[cs[-1]])
+            verdict = ("larger at small c beyond 2 standard errors, as the paper says" if sure and diff > 0 else
+                       "smaller at small c beyond 2 standard errors" if sure else
+                       "no difference beyond 2 standard errors across seeds")
+            out.append(f"{m}: mean |ratio - 1| of successes is {dev[cs[0]]['mean']:.4f} at c = {cs[0]} and "
+                       f"{dev[cs[-1]]['mean']:.4f} at c = {cs[-1]} ({diff:+.4f}, standard error {se:.4f}: {verdict}); "
                        f"correlation with the advantage {_fmt(methods[m]['mechanism'][CORR])}.")
     for m in methods:  # did training move the reward at all (else nothing below can differ by method)
         late, early = methods[m]["late"][REWARD], methods[m]["early"][REWARD]
