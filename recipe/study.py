@@ -317,18 +317,22 @@ def findings(summary: dict, s: StudySettings) -> list[str]:
             out.append(f"{m}: mean |ratio - 1| of successes is {dev[cs[0]]['mean']:.4f} at c = {cs[0]} and "
                        f"{dev[cs[-1]]['mean']:.4f} at c = {cs[-1]} ({diff:+.4f}, standard error {se:.4f}: {verdict}); "
                        f"correlation with the advantage {_fmt(methods[m]['mechanism'][CORR])}.")
-    for m in methods:  # did training move the reward at all (else nothing below can differ by method)
+    draws_1 = s.val_per_bucket * s.val_n  # 0/1 draws behind one seed's pass@1 of a bucket
+    for m in methods:  # did training move the policy at all (else nothing above can differ by method)
         late, early = methods[m]["late"][REWARD], methods[m]["early"][REWARD]
-        diff, se, sure = _distinguishable(late, early)
-        if len(s.seeds) == 1:
-            verdict = "one seed: no spread to judge the change by"
-        elif sure:
-            verdict = "the reward moved"
-        else:
-            verdict = ("not shown to move: more steps or a higher learning rate are needed before the methods can "
-                       "differ in reward")
-        out.append(f"{m}: reward over the last {s.last} steps {late['mean']:.3f}, over the first {s.last} "
-                   f"{early['mean']:.3f} ({diff:+.3f}, standard error {se:.3f}; {verdict}).")
+        changes, moved = [], []
+        for bucket in summary["buckets"]:
+            diff, se, sure = _distinguishable(methods[m]["final"][bucket]["pass@1"],
+                                              methods[m]["base"][bucket]["pass@1"], draws_1)
+            changes.append(f"{bucket} {diff:+.3f} (standard error {se:.3f})")
+            moved += [bucket] if sure else []
+        verdict = ("one seed: no spread to judge it by" if len(s.seeds) == 1 else
+                   f"beyond 2 standard errors in {', '.join(moved)}" if moved else
+                   "nowhere beyond 2 standard errors: more steps or a higher learning rate are needed before the "
+                   "methods can differ")
+        out.append(f"{m}: held-out pass@1 from step 0 to step {s.steps}: {'; '.join(changes)}; {verdict}. Training "
+                   f"reward over the first {s.last} steps {early['mean']:.3f}, over the last {late['mean']:.3f} "
+                   "(it follows each batch's mix of difficulties, the same prompt order for every method).")
     for m in methods:
         late = methods[m]["late"]
         out.append(f"{m}: over the last {s.last} steps {late[GROUP_FRACS[0]]['mean']:.3f} of groups were all wrong "
