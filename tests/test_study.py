@@ -191,7 +191,8 @@ def test_finished_runs_are_kept_unfinished_ones_rerun_and_the_commands_written(t
     overrides = calls[0][1]
     for expected in ("data.seed=3", "actor_rollout_ref.rollout.seed=3", "trainer.test_freq=2",
                      "trainer.val_before_train=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
-                     "actor_rollout_ref.actor.policy_loss.schedule=linear", "trainer.save_freq=-1"):
+                     "actor_rollout_ref.actor.policy_loss.schedule=linear", "trainer.save_freq=-1",
+                     "actor_rollout_ref.actor.optim.lr=0.02"):
         assert expected in overrides
     commands = (tmp_path / "commands.sh").read_text().splitlines()
     runs = [line for line in commands if "recipe.main_gapo" in line]
@@ -210,6 +211,7 @@ def test_finished_runs_are_kept_unfinished_ones_rerun_and_the_commands_written(t
     (dict(seeds=[1, 1]), "--seeds must be distinct"),
     (dict(rollout="sglang"), "--rollout 'sglang': choose from ['hf', 'vllm']"),
     (dict(jobs=0), "--jobs must be >= 1, got 0"),
+    (dict(lr=float("nan")), "--lr must be a finite number > 0, got nan"),
 ])
 def test_bad_settings_name_the_flag(kw, message):
     with pytest.raises(ValueError) as exc:
