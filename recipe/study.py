@@ -399,14 +399,16 @@ def render_markdown(summary: dict, s: StudySettings, wall_s: float | None) -> st
 
 
 def seed_mean_run(label: str, runs: list[dict[int, dict]], keep) -> object:
-    """A recipe.plot_run.Run whose metrics are the seed means of each kept metric at each step (where every seed
-    logged it), so that the study's figures are drawn by plot_run's own panels."""
+    """A recipe.plot_run.Run whose metrics are the seed means of each kept metric at each step, over the seeds that
+    logged it there (a success count c appears in some seeds' steps only), so that the study's figures are drawn by
+    plot_run's own panels."""
     from recipe.plot_run import Run
 
     steps: dict[int, dict[str, float]] = {}
     for step in sorted(set().union(*runs)):
-        keys = set.intersection(*(set(m.get(step, {})) for m in runs))
-        vals = {k: sum(m[step][k] for m in runs) / len(runs) for k in keys if keep(k)}
+        logged = [m[step] for m in runs if step in m]
+        keys = {k for m in logged for k in m if keep(k)}
+        vals = {k: sum(m[k] for m in logged if k in m) / sum(k in m for m in logged) for k in keys}
         if vals:
             steps[step] = vals
     return Run(label=label, path=Path(label), kind="seed mean", files=[], steps=steps)

@@ -232,3 +232,11 @@ def test_defaults_are_the_full_study_and_reduced_is_small():
     reduced.validate()
     assert full.methods == list(METHODS) and len(full.seeds) >= 3
     assert reduced.seeds == [0] and set(reduced.methods) == {"gspo_clip_higher", "gapo_linear"}
+
+
+def test_figure_lines_are_means_over_the_seeds_that_logged_each_point():
+    a = {1: {"gapo/clipfrac_pos/c1": 0.2, "timing_s/step": 3.0}, 2: {"gapo/clipfrac_pos/c1": 0.4}}
+    b = {1: {"gapo/clipfrac_pos/c2": 0.9}, 2: {"gapo/clipfrac_pos/c1": 0.6}}
+    run = study.seed_mean_run("m", [a, b], lambda k: k.startswith("gapo/"))
+    assert run.steps == {1: {"gapo/clipfrac_pos/c1": 0.2, "gapo/clipfrac_pos/c2": 0.9},
+                         2: {"gapo/clipfrac_pos/c1": pytest.approx(0.5)}}
