@@ -48,8 +48,9 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-# Where the knobs live in the trainer's config; every error names the key under it.
-CONFIG_PREFIX = "actor_rollout_ref.rollout.vigor"
+# Where the knobs live in the trainer's config (a top-level group: configs/vigor/*.yaml, switched on by
+# `vigor=enabled`); every error names the key under it.
+CONFIG_PREFIX = "vigor"
 ROLLOUT_N_KEY = "actor_rollout_ref.rollout.n"
 TIE_BREAKS = ("random", "harder_first")
 # Variances (and means, for harder_first) are compared after rounding to this many decimals, so that the same
@@ -63,7 +64,7 @@ SampleFn = Callable[[Mapping[int, int]], Mapping[int, Sequence[float]]]
 
 @dataclass
 class VigorConfig:
-    """VIGOR's knobs; in the trainer they live under `actor_rollout_ref.rollout.vigor` (CONFIG_PREFIX).
+    """VIGOR's knobs; in the trainer they live under the top-level `vigor` key (CONFIG_PREFIX, configs/vigor/).
 
     Attributes:
         enable: allocate rollouts with VIGOR; False samples n per prompt uniformly (nothing here runs).

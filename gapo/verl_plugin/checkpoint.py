@@ -60,7 +60,10 @@ class CrashSafeCheckpointMixin:
         trainer_cfg = self.config.trainer
         if self.trainer_mode != SYNC_MODE or self.config.actor_rollout_ref.actor.get("checkpoint", {}).get(
                 "async_save", False):
-            return super()._save_checkpoint()
+            super()._save_checkpoint()
+            # verl's own save committed already: the extra state follows it (not crash-safe on this path)
+            self._save_trainer_state(os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}"))
+            return
         step = self.global_steps
         root = trainer_cfg.default_local_dir
         folder = os.path.join(root, f"global_step_{step}")
@@ -79,9 +82,13 @@ class CrashSafeCheckpointMixin:
         self._checkpoint_test_pause(step)
         os.makedirs(folder, exist_ok=True)
         torch.save(self.train_dataloader.state_dict(), os.path.join(folder, "data.pt"))
+        self._save_trainer_state(folder)
         self._commit_checkpoint(root, step)
         self._prune_checkpoints(root, step, self._checkpoints_to_keep())
         self.checkpoint_callback.on_save(trainer=self, global_step=step, checkpoint_dir=folder, async_save=False)
+
+    def _save_trainer_state(self, folder: str) -> None:
+        """Hook: the trainer's own state (beyond verl's) into the step's folder, before the commit; none here."""
 
     def _checkpoints_to_keep(self) -> int | None:
         """How many step folders retention keeps (None: all), from verl's keys. Folders hold actor and critic

@@ -72,18 +72,24 @@ class GroupStats:
     group_size: torch.Tensor
     success: torch.Tensor
     sums: dict[str, float] = field(default_factory=dict)  # filled by the loss: f"{SUMS_PREFIX}/..." -> value
+    # rows c = 1..max_count of the per-c diagnostic table; None: the actor's rollout_n (groups of rollout.n)
+    max_count: Optional[int] = None
 
 
 _GROUP_STATS: contextvars.ContextVar[Optional[GroupStats]] = contextvars.ContextVar("gapo_group_stats", default=None)
 
 
 @contextlib.contextmanager
-def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, success: torch.Tensor):
+def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, success: torch.Tensor,
+                        max_count: Optional[int] = None):
     """Make (B,) group statistics visible to the registered GAPO losses called inside the block.
 
-    Yields the `GroupStats`; after the loss ran, its `sums` hold the micro-batch's diagnostic sums.
+    `max_count`: the largest group size of the step (the diagnostic table's rows c = 1..max_count; the same for every
+    micro-batch of a step); None uses the actor's rollout_n. Yields the `GroupStats`; after the loss ran, its `sums`
+    hold the micro-batch's diagnostic sums.
     """
-    stats = GroupStats(num_correct.reshape(-1), group_size.reshape(-1), success.reshape(-1).to(torch.bool))
+    stats = GroupStats(num_correct.reshape(-1), group_size.reshape(-1), success.reshape(-1).to(torch.bool),
+                       max_count=max_count)
     token = _GROUP_STATS.set(stats)
     try:
         yield stats
@@ -96,8 +102,11 @@ class GAPOActorLoss:
     with this micro-batch's group statistics in context, and adds the loss's diagnostic sums to its metrics
     as SUM-aggregated verl Metrics. Picklable: the trainer ships it to every worker."""
 
-    def __init__(self, actor_config):
+    def __init__(self, actor_config, max_count: Optional[int] = None):
+        """`max_count`: rows of the per-c diagnostic table, at least the largest group a step holds (default the
+        actor's rollout_n; VIGOR's groups are larger, GAPOTrainer passes its bound)."""
         self.config = actor_config
+        self.max_count = int(max_count if max_count is not None else actor_config.rollout_n)
 
     def __call__(self, model_output, data, dp_group=None):
         missing = [key for key in STAT_KEYS if key not in data.keys()]
@@ -106,7 +115,7 @@ class GAPOActorLoss:
                 f"the actor's micro-batch has no {missing} fields: the GAPO trainer did not write them at "
                 "advantage time (is trainer.v1.trainer_mode=gapo?)"
             )
-        with group_stats_context(*(data[key] for key in STAT_KEYS)) as stats:
+        with group_stats_context(*(data[key] for key in STAT_KEYS), max_count=self.max_count) as stats:
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
         metrics.update(Metric.from_dict(stats.sums, aggregation=AggregationType.SUM))
         return loss, metrics
@@ -166,8 +175,10 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
                   terms.dual_clipped_tokens.sum() / n_tokens]
         table = None
         if settings.diagnostics:
-            # rows c = 0..rollout_n of SUM_NAMES over adaptive rollouts; row 0 unused
-            table = per_success_count_table(terms, stats.num_correct.to(n_tokens.device), adaptive, config.rollout_n,
+            # rows c = 0..max_count (the step's largest group; rollout_n without VIGOR) of SUM_NAMES over adaptive
+            # rollouts; row 0 unused
+            max_count = stats.max_count if stats.max_count is not None else config.rollout_n
+            table = per_success_count_table(terms, stats.num_correct.to(n_tokens.device), adaptive, max_count,
                                             advantage_sum)
             values += [(eps_high * adaptive).sum(), adaptive.sum()]
         # one device-to-host transfer for every metric of the micro-batch

@@ -23,6 +23,7 @@ as verl's sync trainer.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 
 import numpy as np
@@ -54,6 +55,8 @@ from gapo.verl_plugin.validate import (
     validate_gapo_config,
     validation_settings,
 )
+from gapo.verl_plugin.vigor import VigorSampler, load_state, max_group_size, save_state, vigor_settings
+from gapo.vigor import VigorAllocator
 
 logger = logging.getLogger(__name__)
 
@@ -99,16 +102,58 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         interval = sampler_poll_interval(self.config)  # verl passes none: its 2.0 s floor on every generation
         if interval is not None:
             replay_buffer.poll_interval = interval
+        # VIGOR (top-level `vigor` group): the rounds run inside the buffer's sample (gapo/verl_plugin/vigor.py)
+        vigor = vigor_settings(self.config)
+        self._vigor = None
+        if vigor is not None:
+            n = self.config.actor_rollout_ref.rollout.n
+            self._vigor = VigorSampler(replay_buffer, VigorAllocator(vigor, n), submit=self._submit_batch_to_rollout)
+            replay_buffer = self._vigor
         return replay_buffer
+
+    def prepare_step(self) -> dict:
+        """verl's: submit one training batch for generation; with VIGOR, every prompt with m0 rollouts (round 0),
+        the prompts kept by the sampler for the later rounds."""
+        if self._vigor is None:
+            return super().prepare_step()
+        self._submit_batch_to_rollout(self._vigor.first_round(self._next_train_batch()))
+        return {}
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self._vigor is None or self.global_steps == 0:
+            return
+        trainer_cfg = self.config.trainer
+        folder = (trainer_cfg.resume_from_path if trainer_cfg.resume_mode == "resume_path"
+                  else os.path.join(trainer_cfg.default_local_dir, f"global_step_{self.global_steps}"))
+        path = load_state(os.path.abspath(folder), self._vigor.allocator)
+        if path is not None:
+            logger.warning(f"VIGOR: resumed the allocator's random state from {path}")
+
+    def _save_trainer_state(self, folder: str) -> None:
+        """The allocator's random state beside verl's checkpoint (written before the tracker names the step)."""
+        if self._vigor is not None:
+            save_state(folder, self._vigor.allocator)
 
     def on_init_end(self):
         super().on_init_end()  # verl's sync trainer: push the (possibly resumed) actor weights to the rollout
         loss_mode = self.config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla")
+        if self._vigor is not None and self.reward_loop_manager.reward_loop_worker_handles is None:
+            raise RuntimeError("vigor.enable=true needs rewards computed inside verl's agent loop (reward loop "
+                               "workers), but verl scores this run's rollouts only after sampling (colocated reward "
+                               "model): set reward.reward_model.enable_resource_pool=true or vigor.enable=false")
+        self._loss_fn = None
         if loss_mode not in GAPO_LOSS_MODES:
             return  # baselines keep the loss verl installed (ppo_loss, or distillation_ppo_loss)
         # validate_gapo_config refused distillation with a GAPO loss: the loss replaced here is verl's ppo_loss
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
-        self.actor_rollout_wg.set_loss_fn(GAPOActorLoss(actor_config))
+        # rows of the per-c diagnostic table: the largest group a step can hold (VIGOR's exceed rollout.n)
+        max_count = actor_config.rollout_n
+        if self._vigor is not None:
+            max_count = max(max_count, max_group_size(self.config.data.train_batch_size, self._vigor.allocator.n,
+                                                      self._vigor.allocator.cfg))
+        self._loss_fn = GAPOActorLoss(actor_config, max_count=max_count)
+        self.actor_rollout_wg.set_loss_fn(self._loss_fn)
 
     def _compute_advantage(self, batch, metrics):
         data = tq.kv_batch_get(
@@ -124,6 +169,7 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
                              SUCCESS_KEY: stats.success.float()}, batch_size=len(batch))
         # kv_batch_put returns the handle that knows the new fields; the old one would silently lack them.
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+        self._cover_group_sizes(int(stats.group_size.max().item()) if len(batch) else 0)
         batch = super()._compute_advantage(batch, metrics)
         advantages = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                      select_fields=["advantages"])["advantages"]
@@ -137,6 +183,15 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         metrics.update(self._group_metrics(stats, positive, real))
         metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real.tolist()) if r]))
         return batch
+
+    def _cover_group_sizes(self, largest: int) -> None:
+        """Grow the loss's per-c table to the step's largest group (rollout failures under VIGOR can exceed the
+        schedule's bound); the loss is re-sent to the workers only then, never shrunk."""
+        if self._loss_fn is not None and largest > self._loss_fn.max_count:
+            logger.warning(f"groups of {largest} rollouts: growing the per-c diagnostic table from "
+                           f"{self._loss_fn.max_count}")
+            self._loss_fn = GAPOActorLoss(self._loss_fn.config, max_count=largest)
+            self.actor_rollout_wg.set_loss_fn(self._loss_fn)
 
     def _group_metrics(self, stats, positive, real) -> dict[str, float]:
         """Group mix over real rollouts, and the thresholds the loss will give them (exact: the same rule).

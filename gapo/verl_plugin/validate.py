@@ -10,6 +10,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from gapo.config import GAPOConfig
 from gapo.verl_plugin.config import resolve_gapo_clips
 from gapo.verl_plugin.losses import GAPO_LOSS_MODES
+from gapo.verl_plugin.vigor import VigorConfigError, vigor_settings
 
 GAPO_TRAINER_MODE = "gapo"
 POLICY_LOSS_TARGET = "gapo.verl_plugin.config.GAPOPolicyLossConfig"
@@ -71,10 +72,14 @@ def validation_settings(config: DictConfig) -> tuple[float, int]:
 
 def validate_gapo_config(config: DictConfig) -> None:
     """Raise GAPOConfigError for a config GAPO cannot train with. Baseline losses pass through unchecked, except
-    for the trainer's own knobs (the replay buffer's poll interval, validation's coverage threshold and window),
-    which every run of GAPO's trainer reads."""
+    for the trainer's own knobs (the replay buffer's poll interval, validation's coverage threshold and window,
+    VIGOR's `vigor` group), which every run of GAPO's trainer reads."""
     sampler_poll_interval(config)
     validation_settings(config)
+    try:
+        vigor_settings(config)  # VIGOR (top-level `vigor`): composes with every loss_mode, so checked for all
+    except VigorConfigError as err:
+        raise GAPOConfigError(str(err)) from None
     actor = config.actor_rollout_ref.actor
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
     if loss_mode not in GAPO_LOSS_MODES:
