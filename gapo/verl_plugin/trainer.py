@@ -13,6 +13,11 @@ Besides (one hook, `_val_metrics_update`): validation also logs the evaluator's 
 samples per prompt (`val_passk_metrics`): unbiased pass@k for k = 1, 2, 4, ... <= n and coverage, per
 benchmark, as `val-passk/<data_source>/...`.
 
+VIGOR (top-level `vigor` group, `vigor=enabled`; `gapo.verl_plugin.vigor`): `prepare_step` submits every prompt with
+m0 rollouts, and the replay buffer built here is wrapped so that its training `sample` runs VIGOR's later rounds and
+returns one merged group per prompt; the allocator's random state goes into each checkpoint (`_save_trainer_state`,
+`_load_checkpoint`).
+
 Trainer mode: verl switches to its asynchronous code paths (replay buffer, TransferQueue checkpointing)
 for any `trainer.v1.trainer_mode` other than "sync". This trainer is selected by the name `gapo`; the config
 keeps "gapo" (what is logged and saved), and the trainer's own `trainer_mode` attribute, which every one of
