@@ -76,6 +76,10 @@ TRAINER_MODE = "gapo"
 class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
     """verl's sync trainer with GAPO's group statistics and actor loss (see the module docstring)."""
 
+    # VIGOR's sampler (set in _build_replay_buffer when vigor.enable); None also for a trainer built without it (tests
+    # that call the checkpoint hooks on a bare instance)
+    _vigor = None
+
     def __init__(self, config):
         validate_gapo_config(config)
         # The config is left as the user wrote it (trainer.v1.trainer_mode=gapo: what verl logs and what a second
