@@ -45,24 +45,26 @@ def expected_metrics(rollouts: list[tuple[str, float]], eps_low: float, eps_high
                      threshold: float) -> dict[str, float]:
     """The step's GAPO metrics recomputed from its rollouts (real ones only; verl's padding rows have uid pad...).
 
-    Group metrics are per rollout (the fraction of rollouts in such groups, the mean group size over rollouts);
-    thresholds are over the successes of mixed groups: eps_low + (eps_high_max - eps_low) * (k - c) / (k - 1).
+    Group metrics are per group (each prompt once, whatever its size): fractions of the groups, the mean group size
+    and the mean success rate c / k over groups.
+    Thresholds are over the successes of mixed groups: eps_low + (eps_high_max - eps_low) * (k - c) / (k - 1).
     """
     keys = [key for key, _ in rollouts]
     assert len(set(keys)) == len(keys), "duplicate rollout keys in the dump"
     real = [(key.rsplit("_", 2)[0], score) for key, score in rollouts if not key.startswith("pad")]
     k = Counter(uid for uid, _ in real)
     c = Counter(uid for uid, score in real if score > threshold)
-    n = len(real)
     eps = [eps_low + (eps_high_max - eps_low) * (k[uid] - c[uid]) / (k[uid] - 1)
            for uid, score in real if score > threshold and 0 < c[uid] < k[uid]]
     assert eps, "no success in a mixed group: nothing to check the thresholds on"
     mean = sum(eps) / len(eps)
+    groups = len(k)
     return {
-        "gapo/groups/mixed_frac": sum(0 < c[uid] < k[uid] for uid, _ in real) / n,
-        "gapo/groups/all_correct_frac": sum(c[uid] == k[uid] for uid, _ in real) / n,
-        "gapo/groups/all_wrong_frac": sum(c[uid] == 0 for uid, _ in real) / n,
-        "gapo/groups/size_mean": sum(k[uid] for uid, _ in real) / n,
+        "gapo/groups/mixed_frac": sum(0 < c[uid] < k[uid] for uid in k) / groups,
+        "gapo/groups/all_correct_frac": sum(c[uid] == k[uid] for uid in k) / groups,
+        "gapo/groups/all_wrong_frac": sum(c[uid] == 0 for uid in k) / groups,
+        "gapo/groups/success_rate_mean": sum(c[uid] / k[uid] for uid in k) / groups,
+        "gapo/groups/size_mean": sum(k.values()) / groups,
         "gapo/eps_high/mean": mean,
         "gapo/eps_high/min": min(eps),
         "gapo/eps_high/max": max(eps),

@@ -28,6 +28,7 @@ from gapo.verl_plugin.vigor import (
     round_uid,
     save_state,
     session_rewards,
+    source_metrics,
     vigor_settings,
 )
 from gapo.vigor import CONFIG_PREFIX, VigorAllocator, VigorConfig, allocate, round_budgets
@@ -184,7 +185,9 @@ def run_sampler(monkeypatch, cfg, n=8, num_prompts=8, seed=0):
     sampler = VigorSampler(SimpleNamespace(sample=engine.sample, poll_interval=0.05),
                            VigorAllocator(cfg, n), submit=engine.submit)
     prompts = tu.get_tensordict({"input_ids": torch.arange(num_prompts * 3).reshape(num_prompts, 3),
-                                 "uid": np.array(uids, dtype=object)})
+                                 "uid": np.array(uids, dtype=object),
+                                 "data_source": np.array([("hard", "easy")[i % 2] for i in range(num_prompts)],
+                                                         dtype=object)})
     engine.submit(sampler.first_round(prompts))  # what GAPOTrainer.prepare_step does
     meta, metrics = sampler.sample(global_steps=1, partition_id="train", batch_size=num_prompts)
     return engine, sampler, meta, metrics, uids
@@ -212,6 +215,27 @@ def test_sampler_runs_the_schedule_and_merges_one_group_per_prompt(monkeypatch):
     assert sum(metrics[f"vigor/group_size/k{k}"] for k in set(sizes.values())) == 8
     assert [metrics[f"vigor/round{t}/rollouts"] for t in range(len(budgets))] == budgets
     assert metrics["vigor/round1/kept"] == 4 and "vigor/round4/gen_s" in metrics
+    # per data_source counts (prompts alternate hard, easy): they add up to the batch and follow the kept sets
+    for name, total in (("prompts", 8), ("rollouts", 64), ("dropped_round1", 4)):
+        assert metrics[f"vigor/source/hard/{name}"] + metrics[f"vigor/source/easy/{name}"] == total, name
+    hard = [u for i, u in enumerate(uids) if i % 2 == 0]
+    assert metrics["vigor/source/hard/rollouts"] == sum(sizes[u] for u in hard)
+    assert metrics["vigor/source/hard/dropped_round1"] == sum(sizes[u] == cfg.m0 for u in hard)
+
+
+def test_source_metrics_hand_computed():
+    sources = ["hard", "hard", "easy", "easy", "hard"]
+    round0 = [[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5]]
+    final = [[0, 0], [1, 0, 0, 0, 1], [1, 1, 1, 1], [0, 1, 1, 1], [0.5, 0.5]]
+    m = source_metrics(sources, round0, final, kept_round1={1, 2, 3})
+    assert m == {"vigor/source/hard/prompts": 3, "vigor/source/hard/rollouts": 9,
+                 "vigor/source/hard/dropped_round1": 2, "vigor/source/hard/flat_round0": 2,
+                 "vigor/source/hard/flat_round0_dropped": 2, "vigor/source/hard/flat_final": 2,
+                 "vigor/source/easy/prompts": 2, "vigor/source/easy/rollouts": 8,
+                 "vigor/source/easy/dropped_round1": 0, "vigor/source/easy/flat_round0": 1,
+                 "vigor/source/easy/flat_round0_dropped": 0, "vigor/source/easy/flat_final": 1}
+    # round 1 did not run (m0 = n): every prompt kept its m0 rollouts
+    assert source_metrics(sources, round0, round0, None)["vigor/source/easy/dropped_round1"] == 2
 
 
 def test_sampler_matches_the_pure_allocate(monkeypatch):

@@ -37,6 +37,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
 from gapo.config import GAPOConfig
+from gapo.rate_buckets import bucket_ids, num_buckets
 from gapo.surrogate import (
     per_success_count_table,
     sequence_clipped_surrogate,
@@ -55,6 +56,10 @@ SUMS_PREFIX = "gapo_sums"
 # Columns of `gapo.surrogate.per_success_count_table`: per c, sums over the adaptive rollouts' real tokens of
 # (clipped, |ratio - 1|, 1, advantage), and their count; the trainer divides by `tokens` (token-weighted means).
 SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts", "advantage")
+# The same sums per (group size, success rate) bucket (`gapo.rate_buckets`), the clip fraction's two columns only:
+# f"{SUMS_PREFIX}/kr{id}/{name}"
+KR_SUM_NAMES = ("clipped", "tokens")
+KR_COLUMNS = [SUM_NAMES.index(name) for name in KR_SUM_NAMES]
 
 MISSING_STATS_HELP = (
     "GAPO loss '{mode}' got no per-rollout group statistics: it needs the GAPO trainer, which computes each "
@@ -178,30 +183,38 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
             # rows c = 0..max_count (the step's largest group; rollout_n without VIGOR) of SUM_NAMES over adaptive
             # rollouts; row 0 unused
             max_count = stats.max_count if stats.max_count is not None else config.rollout_n
-            table = per_success_count_table(terms, stats.num_correct.to(n_tokens.device), adaptive, max_count,
-                                            advantage_sum)
+            device = n_tokens.device
+            table = per_success_count_table(terms, stats.num_correct.to(device), adaptive, max_count, advantage_sum)
+            # the same rollouts by (k, c / k) bucket: VIGOR's groups differ in size, so c alone mixes 1/2 with 1/47
+            buckets = bucket_ids(stats.num_correct.to(device), stats.group_size.to(device), max_count)
+            kr_table = per_success_count_table(terms, buckets, adaptive, num_buckets(max_count),
+                                               advantage_sum)[:, KR_COLUMNS]
             values += [(eps_high * adaptive).sum(), adaptive.sum()]
         # one device-to-host transfer for every metric of the micro-batch
         flat = torch.stack(values).float()
         if table is not None:
-            flat = torch.cat([flat, table.reshape(-1)])
+            flat = torch.cat([flat, table.reshape(-1), kr_table.reshape(-1)])
         flat = flat.tolist()
     metrics = dict(zip(("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"), flat[:3]))
     if settings.diagnostics:
-        stats.sums.update(_named_sums(flat[3], flat[4], flat[5:]))
+        split = 5 + (max_count + 1) * len(SUM_NAMES)
+        stats.sums.update(_named_sums(flat[3], flat[4], flat[5:split], flat[split:]))
     return pg_loss, metrics
 
 
-def _named_sums(eps_high_sum: float, adaptive_rollouts: float, table: list[float]) -> dict[str, float]:
-    """The flat (k_max + 1) x len(SUM_NAMES) table as f"{SUMS_PREFIX}/c{c}/{name}" (c >= 1) plus the threshold sums.
+def _named_sums(eps_high_sum: float, adaptive_rollouts: float, table: list[float],
+                kr_table: list[float] = ()) -> dict[str, float]:
+    """The flat (k_max + 1) x len(SUM_NAMES) table as f"{SUMS_PREFIX}/c{c}/{name}" (c >= 1), the flat
+    (buckets + 1) x len(KR_SUM_NAMES) one as f"{SUMS_PREFIX}/kr{id}/{name}" (id >= 1), plus the threshold sums.
 
-    Every micro-batch and rank reports every key (zeros where a c is absent): verl aggregates per key.
+    Every micro-batch and rank reports every key (zeros where a c or bucket is absent): verl aggregates per key.
     """
-    width = len(SUM_NAMES)
     sums = {f"{SUMS_PREFIX}/eps_high_sum": eps_high_sum, f"{SUMS_PREFIX}/positive_rollouts": adaptive_rollouts}
-    for c in range(1, len(table) // width):
-        for j, name in enumerate(SUM_NAMES):
-            sums[f"{SUMS_PREFIX}/c{c}/{name}"] = table[c * width + j]
+    for prefix, names, flat in (("c", SUM_NAMES, table), ("kr", KR_SUM_NAMES, kr_table)):
+        width = len(names)
+        for row in range(1, len(flat) // width):
+            for j, name in enumerate(names):
+                sums[f"{SUMS_PREFIX}/{prefix}{row}/{name}"] = flat[row * width + j]
     return sums
 
 

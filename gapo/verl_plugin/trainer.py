@@ -43,6 +43,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from eval.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics, spread
 from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow, step_correlation
 from gapo.groups import group_statistics, session_final_rows
+from gapo.rate_buckets import CLIPFRAC_KR, bucket_label
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
 from gapo.verl_plugin.config import resolve_gapo_clips
@@ -203,16 +204,27 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
             self.actor_rollout_wg.set_loss_fn(self._loss_fn)
 
     def _group_metrics(self, stats, positive, real) -> dict[str, float]:
-        """Group mix over real rollouts, and the thresholds the loss will give them (exact: the same rule).
+        """Group mix, and the thresholds the loss will give the rollouts (exact: the same rule).
 
+        The `gapo/groups/*` values are means over groups (prompts), each group counted once whatever its size: every
+        real rollout is weighted 1 / k (its group's k real rollouts sum to 1). Under uniform sampling (all k = n) that
+        is the plain mean over rollouts; under VIGOR a mean over rollouts would weight the large groups it grew.
+        `gapo/groups/success_rate_mean` is the mean over groups of c / k, the batch's per-prompt pass rate (the
+        VIGOR study's reward curve: comparable between uniform and VIGOR runs, unlike critic/score/mean).
         `gapo/eps_high/*` covers the rollouts that get the adaptive bound: successes with a positive advantage.
         """
-        num_correct, group_size = stats.num_correct[real], stats.group_size[real]
+        num_correct, group_size = stats.num_correct[real].double(), stats.group_size[real].double()
+        weight = 1.0 / group_size.clamp(min=1)
+
+        def per_group(values: torch.Tensor) -> float:
+            return ((values.double() * weight).sum() / weight.sum()).item()
+
         out = {
-            "gapo/groups/mixed_frac": ((num_correct > 0) & (num_correct < group_size)).float().mean().item(),
-            "gapo/groups/all_correct_frac": (num_correct == group_size).float().mean().item(),
-            "gapo/groups/all_wrong_frac": (num_correct == 0).float().mean().item(),
-            "gapo/groups/size_mean": group_size.mean().item(),
+            "gapo/groups/mixed_frac": per_group((num_correct > 0) & (num_correct < group_size)),
+            "gapo/groups/all_correct_frac": per_group(num_correct == group_size),
+            "gapo/groups/all_wrong_frac": per_group(num_correct == 0),
+            "gapo/groups/success_rate_mean": per_group(num_correct / group_size.clamp(min=1)),
+            "gapo/groups/size_mean": per_group(group_size),
         }
         used = stats.success & positive & real
         if used.any() and self._gapo.loss_mode in GAPO_LOSS_MODES:  # baselines use verl's fixed clips
@@ -356,6 +368,8 @@ def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
     Names (grouped under `gapo/` in W&B), over the successes with a positive advantage at each success count c
     present, all token-weighted (sum over their real tokens / their tokens):
     gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c} (mean |ratio - 1|), gapo/adv_pos/c{c} (mean advantage);
+    gapo/clipfrac_pos_kr/k{lo}-{hi}/rate{a}-{b}, the clip fraction per (group size, success rate) bucket present
+    (`gapo.rate_buckets`);
     gapo/loss_eps_high_mean; gapo/is_adv_corr_levels (how many c are present) and, where defined,
     gapo/is_adv_corr: the Pearson correlation of (ratio_dev_pos/c{c}, adv_pos/c{c}) over those c
     (`gapo.diagnostics.pearson`). Nothing when the loss reported no sums (diagnostics off, baseline loss).
@@ -366,6 +380,10 @@ def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
     if sums.get("positive_rollouts", 0) > 0:
         out["gapo/loss_eps_high_mean"] = sums["eps_high_sum"] / sums["positive_rollouts"]
     counts = sorted({int(key.split("/")[0][1:]) for key in sums if key.startswith("c")})
+    for bucket in sorted({int(key.split("/")[0][2:]) for key in sums if key.startswith("kr")}):
+        tokens = sums[f"kr{bucket}/tokens"]
+        if tokens > 0:
+            out[f"{CLIPFRAC_KR}{bucket_label(bucket)}"] = sums[f"kr{bucket}/clipped"] / tokens
     for c in counts:
         tokens = sums[f"c{c}/tokens"]
         if tokens > 0:

@@ -47,7 +47,16 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from gapo.groups import session_final_rows
-from gapo.vigor import CONFIG_PREFIX, ROLLOUT_N_KEY, VigorAllocator, VigorConfig, kept_counts, round_budgets
+from gapo.vigor import (
+    CONFIG_PREFIX,
+    ROLLOUT_N_KEY,
+    TIE_DECIMALS,
+    VigorAllocator,
+    VigorConfig,
+    group_variance,
+    kept_counts,
+    round_budgets,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +177,33 @@ def allocation_metrics(group_sizes: Sequence[int], rounds: Sequence[dict]) -> di
     return out
 
 
+def source_metrics(sources: Sequence[str], round0: Sequence[Sequence[float]], final: Sequence[Sequence[float]],
+                   kept_round1: Optional[set[int]]) -> dict[str, float]:
+    """Per data_source counts of one step, `vigor/source/{source}/{name}` (counts, so that a report can sum them
+    over steps and divide; a per-step fraction of 1-3 prompts would be noise):
+
+        prompts, rollouts (their final group sizes summed),
+        dropped_round1      prompts not kept in round 1 (they end with m0 rollouts),
+        flat_round0         prompts whose m0 first rewards are all equal (variance 0: 0/2 or 2/2 for binary ones),
+        flat_round0_dropped of those, the ones dropped in round 1 (for a hard prompt, VIGOR's starvation),
+        flat_final          prompts whose final rewards are all equal (no group-relative advantage, no gradient).
+
+    `kept_round1`: the prompts kept in round 1 (None: round 1 did not run, every prompt kept its m0 rollouts).
+    """
+    out: Counter = Counter()
+    for p, source in enumerate(sources):
+        flat0 = bool(round0[p]) and round(group_variance(round0[p]), TIE_DECIMALS) == 0
+        dropped = kept_round1 is None or p not in kept_round1
+        prefix = f"vigor/source/{source}/"
+        out[prefix + "prompts"] += 1
+        out[prefix + "rollouts"] += len(final[p])
+        out[prefix + "dropped_round1"] += int(dropped)
+        out[prefix + "flat_round0"] += int(flat0)
+        out[prefix + "flat_round0_dropped"] += int(flat0 and dropped)
+        out[prefix + "flat_final"] += int(bool(final[p]) and round(group_variance(final[p]), TIE_DECIMALS) == 0)
+    return {key: float(value) for key, value in out.items()}
+
+
 class VigorSampler:
     """verl's sync replay buffer with VIGOR's rounds in `sample` for the training partition (module docstring).
 
@@ -206,6 +242,8 @@ class VigorSampler:
         self._add_rewards(rewards, meta, index)
         rounds = [{"prompts": len(uids), "rollouts": cfg.m0 * len(uids), "gen_s": time.perf_counter() - start}]
         left = (n - cfg.m0) * len(uids)
+        round0 = [list(r) for r in rewards]
+        kept_round1 = None
         active = [p for p, r in enumerate(rewards) if r]
         if len(active) < len(uids):
             logger.warning(f"VIGOR: {len(uids) - len(active)} prompts have no finished rollout after round 0; "
@@ -229,11 +267,14 @@ class VigorSampler:
                 self._add_rewards(rewards, meta, index)
             left -= plan.budget
             active = plan.kept
+            kept_round1 = set(plan.kept) if t == 1 else kept_round1
             rounds.append({"prompts": len(plan.extra), "rollouts": plan.budget, "kept": len(plan.kept),
                            "ties_decided": plan.ties_decided, "remainder_ties": plan.remainder_ties,
                            "gen_s": time.perf_counter() - start})
         merged = self._merge(metas)
         aux.update(allocation_metrics([len(r) for r in rewards], rounds))
+        if "data_source" in prompts.keys():  # verl's datasets carry it (the study's difficulty buckets)
+            aux.update(source_metrics([str(x) for x in prompts["data_source"]], round0, rewards, kept_round1))
         return merged, aux
 
     @staticmethod
@@ -286,4 +327,4 @@ def load_state(folder: str, allocator: VigorAllocator) -> Optional[str]:
 
 
 __all__ = ["VigorConfigError", "VigorSampler", "vigor_settings", "max_group_size", "session_rewards",
-           "allocation_metrics", "save_state", "load_state", "round_uid", "base_uid", "ROLLOUT_N_KEY"]
+           "allocation_metrics", "source_metrics", "save_state", "load_state", "round_uid", "base_uid", "ROLLOUT_N_KEY"]
