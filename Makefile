@@ -18,7 +18,9 @@
 #                  or W&B run folders): per-c clip fraction and |ratio - 1|, reward, validation pass@k; PLOT_RUN_ARGS
 #                  e.g. "--labels A B --steps 100:500"
 #   make study     seeded GSPO-vs-GAPO study on CPU through verl's trainer (4 methods x 3 seeds, about 30 min):
-#                  runs/study/report.md, report.json, figures/; REDUCED=1 one seed, two methods, 3 steps (as CI)
+#                  runs/study/report.md, report.json, figures/; REDUCED=1 one seed, two methods, 3 steps
+#   make study-vigor  the 2x2 uniform/VIGOR x fixed/GAPO study (5 methods x 3 seeds): runs/study-vigor/;
+#                  REDUCED=1 one seed, three methods, 3 steps (CI runs it with the vLLM rollout)
 #   make reproduce TABLE=math|code|ablation   every run's command for that paper table; REPRODUCE_ARGS e.g.
 #                  "--nodes 4", "--submit --ckpt-root /shared/ckpt", "--fill" (python -m recipe.reproduce -h)
 SHELL := /bin/bash
@@ -55,7 +57,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study
+.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -175,3 +177,9 @@ STUDY_JOBS ?= 2
 STUDY_ARGS ?=
 study: install
 	$(PY) -m recipe.study --out $(STUDY_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
+
+# the 2x2 allocation (uniform, VIGOR) x clip (fixed, GAPO) study (recipe/study_vigor.py), same knobs as `study`
+# (STUDY_ARGS e.g. "--target 0.3"; python -m recipe.study_vigor -h)
+STUDY_VIGOR_DIR ?= runs/study-vigor$(if $(REDUCED),-reduced)
+study-vigor: install
+	$(PY) -m recipe.study_vigor --out $(STUDY_VIGOR_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)

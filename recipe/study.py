@@ -32,6 +32,7 @@ already holds its last step is not run again (rerun the command to finish an int
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
@@ -55,6 +56,17 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "gapo_linear": ("GAPO, linear schedule (paper Eq. 11)", [f"{LOSS}.schedule=linear"]),
     "gapo_exp": ("GAPO, exponential schedule", [f"{LOSS}.schedule=exp"]),
 }
+CLIP_METHODS = tuple(METHODS)  # the clip study's methods (`make study`)
+# VIGOR's allocation (gapo.vigor; configs/vigor/) over two of the clips above: the 2x2 allocation x clip study
+# (`make study-vigor`, recipe/study_vigor.py) runs them beside their uniform twins gspo_clip_higher and gapo_linear
+VIGOR_ON = ["vigor=enabled"]
+METHODS.update({
+    "vigor_gspo_clip_higher": ("VIGOR allocation (random tie-break), fixed clip-higher",
+                               [*VIGOR_ON, *METHODS["gspo_clip_higher"][1]]),
+    "vigor_gapo_linear": ("VIGOR allocation (random tie-break), GAPO linear", [*VIGOR_ON, *METHODS["gapo_linear"][1]]),
+    "vigor_harder_gapo_linear": ("VIGOR allocation, harder-first tie-break, GAPO linear",
+                                 [*VIGOR_ON, "vigor.tie_break=harder_first", *METHODS["gapo_linear"][1]]),
+})
 REDUCED_METHODS = ("gspo_clip_higher", "gapo_linear")
 COUNTS = ("steps", "val_every", "val_n", "val_per_bucket", "n_train", "last", "jobs")  # settings that are counts >= 1
 
@@ -64,7 +76,7 @@ class StudySettings:
     """One study's size. The defaults are the full study (about 30 minutes on 2 cores)."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    methods: list[str] = field(default_factory=lambda: list(CLIP_METHODS))
     steps: int = 24            # rollout batches of 8 prompts x 8 rollouts, 4 mini-batches each
     val_every: int = 8         # validation steps: 0 (before training), val_every, 2 val_every, ..., steps
     val_n: int = 8             # samples per held-out prompt (pass@1..pass@val_n)
@@ -80,9 +92,9 @@ class StudySettings:
     overrides: list[str] = field(default_factory=list)  # hydra overrides for every run (after the study's own)
 
     @classmethod
-    def reduced(cls) -> StudySettings:
-        """CI's reduced study: one seed, two methods, 3 steps, validation before and after."""
-        return cls(seeds=[0], methods=list(REDUCED_METHODS), steps=3, val_every=3, val_n=4, val_per_bucket=4,
+    def reduced(cls, methods=REDUCED_METHODS) -> StudySettings:
+        """CI's reduced study: one seed, two methods (or `methods`), 3 steps, validation before and after."""
+        return cls(seeds=[0], methods=list(methods), steps=3, val_every=3, val_n=4, val_per_bucket=4,
                    n_train=64, last=2)
 
     def validate(self) -> None:
@@ -115,7 +127,8 @@ def run_overrides(out: Path, method: str, seed: int, s: StudySettings) -> list[s
     return [
         f"data.train_files={out / 'data' / 'train.parquet'}", f"data.val_files={out / 'data' / 'val.parquet'}",
         f"actor_rollout_ref.model.path={out / 'model'}",
-        f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", f"actor_rollout_ref.actor.optim.lr={s.lr}",
+        f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", f"vigor.seed={seed}",
+        f"actor_rollout_ref.actor.optim.lr={s.lr}",
         "trainer.save_freq=-1", f"trainer.test_freq={s.val_every}", "trainer.val_before_train=true",
         f"actor_rollout_ref.rollout.val_kwargs.n={s.val_n}", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
@@ -349,11 +362,13 @@ def findings(summary: dict, s: StudySettings) -> list[str]:
     return out
 
 
-def render_markdown(summary: dict, s: StudySettings, wall_s: float | None) -> str:
-    """report.md from report.json's numbers (mean ± sample std across seeds)."""
+def render_markdown(summary: dict, s: StudySettings, wall_s: float | None, title: str = "",
+                    sections: list[str] = ()) -> str:
+    """report.md from report.json's numbers (mean ± sample std across seeds); `sections`: a preset's own markdown
+    lines, placed before the findings."""
     methods, buckets = summary["methods"], list(summary["buckets"])
     names = val_names(s)
-    lines = ["# GSPO vs GAPO on CPU: the seeded study", "",
+    lines = [f"# {title or CLIP_STUDY.title}", "",
              "Produced by `python -m recipe.study` (recipe/study.py); every number is computed from the runs' metrics "
              "files (report.json holds them with the per-seed values). Mean ± sample standard deviation across seeds.",
              "", "## Setup", "",
@@ -390,6 +405,7 @@ def render_markdown(summary: dict, s: StudySettings, wall_s: float | None) -> st
             corr = _fmt(r["mechanism"][CORR]) if key == "gapo/clipfrac_pos" else ""
             lines.append(f"| {m} | {label} | " + " | ".join(_fmt(r["mechanism"][key].get(c), 4) for c in cs)
                          + f" | {corr} |")
+    lines += ["", *sections]
     lines += ["", "## What this shows and what it does not", ""] + [f"- {f}" for f in summary["findings"]]
     lines += ["", "## Figures", "", "- `figures/curves.png`: reward and held-out pass@1 / pass@k per bucket over "
               "steps (seed means per method)"]
@@ -433,26 +449,55 @@ def figures(metrics_by_run: dict[str, dict[int, dict]], s: StudySettings, out: P
     return paths
 
 
-def report(out: Path, s: StudySettings, files: dict[str, Path], wall_s: float | None = None) -> dict:
+@dataclass(frozen=True)
+class StudyPreset:
+    """One study's command: its default methods, reduced methods, output folder and report title; `extra` (optional)
+    adds report sections: an object with `summarize(metrics_by_run, s) -> dict` (stored in report.json under `key`),
+    `findings(section, summary, s) -> list[str]` and `markdown(section, s) -> list[str]`, and flags of its own
+    (`add_arguments(parser)`, and `from_args(args)` returning the object to use)."""
+
+    prog: str
+    description: str
+    out: str
+    methods: tuple[str, ...]
+    reduced_methods: tuple[str, ...]
+    title: str
+    key: str = ""
+    extra: object = None
+
+
+CLIP_STUDY = StudyPreset(prog="python -m recipe.study", description=__doc__.splitlines()[0], out="runs/study",
+                         methods=CLIP_METHODS, reduced_methods=REDUCED_METHODS,
+                         title="GSPO vs GAPO on CPU: the seeded study")
+
+
+def report(out: Path, s: StudySettings, files: dict[str, Path], wall_s: float | None = None,
+           preset: StudyPreset = CLIP_STUDY) -> dict:
     """report.json, report.md and the figures, from the runs' metrics files."""
     metrics = {name: read_metrics(path) for name, path in files.items()}
     summary = summarize(metrics, s)
+    sections: list[str] = []
+    if preset.extra is not None:
+        section = preset.extra.summarize(metrics, s)
+        summary[preset.key] = section
+        summary["findings"] += preset.extra.findings(section, summary, s)
+        sections = preset.extra.markdown(section, s)
     summary["metrics_files"] = {name: str(path) for name, path in files.items()}
     summary["wall_s"] = wall_s
     (out / "report.json").write_text(json.dumps(summary, indent=1))
-    (out / "report.md").write_text(render_markdown(summary, s, wall_s))
+    (out / "report.md").write_text(render_markdown(summary, s, wall_s, preset.title, sections))
     summary["figures"] = [str(p) for p in figures(metrics, s, out)]
     return summary
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m recipe.study", description=__doc__.splitlines()[0])
-    d = StudySettings()
-    p.add_argument("--out", default="runs/study", help="folder for model, data, runs, report (default runs/study)")
+def main(argv=None, preset: StudyPreset = CLIP_STUDY) -> None:
+    p = argparse.ArgumentParser(prog=preset.prog, description=preset.description)
+    d = StudySettings(methods=list(preset.methods))
+    p.add_argument("--out", default=preset.out, help=f"folder for model, data, runs, report (default {preset.out})")
     p.add_argument("--reduced", action="store_true", help="CI's reduced study: seed 0, methods "
-                   f"{' '.join(REDUCED_METHODS)}, 3 steps (other flags then override it)")
+                   f"{' '.join(preset.reduced_methods)}, 3 steps (other flags then override it)")
     p.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {d.seeds})")
-    p.add_argument("--methods", nargs="+", choices=list(METHODS), help=f"methods (default all: {list(METHODS)})")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), help=f"methods (default {list(preset.methods)})")
     for name, help_ in (("steps", "training steps per run"), ("val_every", "validate every this many steps"),
                         ("val_n", "samples per held-out prompt"), ("val_per_bucket", "held-out prompts per bucket"),
                         ("n_train", "train prompts"),
@@ -467,8 +512,10 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, help=f"hard limit per run in seconds (default {d.timeout_s:.0f})")
     p.add_argument("--fresh", action="store_true", help="wipe OUT's runs first (default: keep finished runs)")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report from the runs in OUT")
+    if preset.extra is not None:
+        preset.extra.add_arguments(p)
     args = p.parse_args(argv)
-    s = StudySettings.reduced() if args.reduced else StudySettings()
+    s = StudySettings.reduced(preset.reduced_methods) if args.reduced else StudySettings(methods=list(preset.methods))
     for name in ("seeds", "methods", *COUNTS, "lr", "rollout", "overrides"):
         if getattr(args, name) is not None:
             setattr(s, name, getattr(args, name))
@@ -476,6 +523,8 @@ def main(argv=None) -> None:
         s.timeout_s = args.timeout
     try:
         s.validate()
+        if preset.extra is not None:
+            preset = dataclasses.replace(preset, extra=preset.extra.from_args(args))
     except ValueError as err:
         p.error(str(err))
     out = Path(args.out).resolve()
@@ -491,7 +540,7 @@ def main(argv=None) -> None:
             prepare(out, s)
             files = run_all(out, s)
             wall = time.time() - start
-        summary = report(out, s, files, wall)
+        summary = report(out, s, files, wall, preset)
     except (SmokeCheckError, KeyError) as err:
         sys.exit(f"[study] FAILED: {err!r}" if isinstance(err, KeyError) else f"[study] FAILED: {err}")
     print(f"\n[study] report: {out / 'report.md'}\n[study] numbers: {out / 'report.json'}")

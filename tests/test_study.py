@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import recipe.study as study
-from recipe.study import METHODS, StudySettings, report, run_name, summarize
+from recipe.study import StudySettings, report, run_name, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BUCKETS = ("hard", "mid", "easy")
@@ -230,7 +230,8 @@ def test_defaults_are_the_full_study_and_reduced_is_small():
     full, reduced = StudySettings(), StudySettings.reduced()
     full.validate()
     reduced.validate()
-    assert full.methods == list(METHODS) and len(full.seeds) >= 3
+    assert full.methods == list(study.CLIP_METHODS) == ["gspo_symmetric", "gspo_clip_higher", "gapo_linear",
+                                                        "gapo_exp"] and len(full.seeds) >= 3
     assert reduced.seeds == [0] and set(reduced.methods) == {"gspo_clip_higher", "gapo_linear"}
 
 
