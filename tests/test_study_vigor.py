@@ -136,3 +136,20 @@ def test_bad_target_is_refused_naming_the_flag(value, capsys):
     with pytest.raises(SystemExit):
         sv.main(["--target", value, "--report-only", "--out", "/nonexistent"])
     assert "--target must be a success rate in (0, 1]" in capsys.readouterr().err
+
+
+def test_study_train_rows_carry_their_buckets_data_source(tmp_path):
+    """VIGOR's per-bucket counts key on the train prompts' data_source: each train row must carry its bucket's."""
+    import pyarrow.parquet as pq
+
+    from gapo.smoke.task import DIFFICULTY_BUCKETS, bucket_source, make_study_dataset
+
+    paths = make_study_dataset(tmp_path, n_train=31, n_val_per_bucket=2)
+    for split, per_bucket in (("train", {10, 11}), ("val", {2})):
+        rows = pq.read_table(paths[split]).to_pylist()
+        for row in rows:
+            assert row["data_source"] == bucket_source(row["extra_info"]["bucket"])
+            lo, hi = DIFFICULTY_BUCKETS[row["extra_info"]["bucket"]]
+            assert lo <= len(row["reward_model"]["ground_truth"]) <= hi
+        counts = {b: sum(r["extra_info"]["bucket"] == b for r in rows) for b in DIFFICULTY_BUCKETS}
+        assert set(counts.values()) <= per_bucket and sum(counts.values()) == len(rows)

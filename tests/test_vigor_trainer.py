@@ -206,6 +206,15 @@ def test_sampler_runs_the_schedule_and_merges_one_group_per_prompt(monkeypatch):
     assert len(meta.keys) == len(set(meta.keys)) == 64 and set(meta.keys) == set(engine.store)
     sizes = {u: sum(engine.store[k]["uid"] == u for k in meta.keys) for u in uids}
     assert all(engine.store[k]["uid"] in uids for k in meta.keys)
+    # ordered by prompt, each prompt's rollouts contiguous (round 0's first): verl cuts mini-batches in order
+    order = [engine.store[k]["uid"] for k in meta.keys]
+    runs = [u for i, u in enumerate(order) if i == 0 or order[i - 1] != u]
+    assert runs == uids
+    for u in uids:
+        rounds = [k.rsplit("_", 2)[0].count(".r") and int(k.rsplit("_", 2)[0].rsplit(".r", 1)[1])
+                  for k in meta.keys if engine.store[k]["uid"] == u]
+        assert rounds == sorted(rounds) and rounds[:cfg.m0] == [0] * cfg.m0
+    assert len(meta.tags) == len(meta.keys)
     # the same allocation as the pure schedule on the same rewards and seed
     rewards = {}
     for key in meta.keys:

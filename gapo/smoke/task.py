@@ -82,9 +82,10 @@ def bucket_source(bucket: str) -> str:
 
 
 def make_study_dataset(out_dir, n_train: int = 512, n_val_per_bucket: int = 12, seed: int = 0) -> dict[str, Path]:
-    """The study's task: ``train.parquet`` with the buckets in equal shares (source gapo_smoke, bucket in
-    extra_info) and ``val.parquet`` with ``n_val_per_bucket`` held-out rows per bucket, each bucket its own
-    data_source (so validation's pass@k comes per bucket). Train and val streams are independent."""
+    """The study's task: ``train.parquet`` with the buckets in equal shares and ``val.parquet`` with
+    ``n_val_per_bucket`` held-out rows per bucket. Every row's data_source is its bucket's (`bucket_source`; the bucket
+    is also in extra_info): validation's pass@k comes per bucket, and VIGOR's per-source allocation counts
+    (`vigor/source/<data_source>/*`) per bucket of train prompts. Train and val streams are independent."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -92,7 +93,8 @@ def make_study_dataset(out_dir, n_train: int = 512, n_val_per_bucket: int = 12, 
     shares = [n_train // len(names) + (i < n_train % len(names)) for i in range(len(names))]
     train = [row for name, n in zip(names, shares)
              for row in make_rows(n, seed=seed, split="train", min_size=DIFFICULTY_BUCKETS[name][0],
-                                  max_size=DIFFICULTY_BUCKETS[name][1], bucket=name)]
+                                  max_size=DIFFICULTY_BUCKETS[name][1], data_source=bucket_source(name),
+                                  bucket=name)]
     random.Random(f"{seed}/train/order").shuffle(train)
     for i, row in enumerate(train):
         row["extra_info"]["index"] = i

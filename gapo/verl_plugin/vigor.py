@@ -12,7 +12,8 @@ in `gapo.vigor.VigorConfig`), read only by `GAPOTrainer`. A step then runs as ve
             `{uid}.r{t}` (a new TransferQueue prompt key: the same uid would overwrite the earlier sessions' keys
             `{uid}_{session}_{index}`, and verl groups keys by the part before the first "_") with
             `__rollout_n__ = extra`, and verl's buffer returns them.
-  merge     every round's keys and tags form one batch; the per-sample `uid` field of the later rounds' rollouts
+  merge     every round's keys and tags form one batch, ordered by prompt (verl's mini-batches cut it in order:
+            `VigorSampler._merge` says why); the per-sample `uid` field of the later rounds' rollouts
             is rewritten to the prompt's own uid, so verl's GRPO advantage (groups by the `uid` field) and GAPO's
             group statistics see one group per prompt of its real size k (m0 + its extras), not rollout.n.
 The schedule spends exactly n * P rollouts per step (`gapo.vigor`), so verl's mini-batch arithmetic
@@ -271,7 +272,7 @@ class VigorSampler:
             rounds.append({"prompts": len(plan.extra), "rollouts": plan.budget, "kept": len(plan.kept),
                            "ties_decided": plan.ties_decided, "remainder_ties": plan.remainder_ties,
                            "gen_s": time.perf_counter() - start})
-        merged = self._merge(metas)
+        merged = self._merge(metas, index)
         aux.update(allocation_metrics([len(r) for r in rewards], rounds))
         if "data_source" in prompts.keys():  # verl's datasets carry it (the study's difficulty buckets)
             aux.update(source_metrics([str(x) for x in prompts["data_source"]], round0, rewards, kept_round1))
@@ -288,10 +289,19 @@ class VigorSampler:
             rewards[index[base_uid(prompt)]].extend(values)
 
     @staticmethod
-    def _merge(metas: list[KVBatchMeta]) -> KVBatchMeta:
-        """One batch of every round's rollouts; later rounds' `uid` field set back to the prompt's uid."""
-        keys = [k for m in metas for k in m.keys]
-        tags = [t for m in metas for t in m.tags]
+    def _merge(metas: list[KVBatchMeta], index: dict[str, int]) -> KVBatchMeta:
+        """One batch of every round's rollouts, ordered by prompt (`index`: uid -> position; each prompt's rollouts
+        contiguous, round by round); later rounds' `uid` field set back to the prompt's uid.
+
+        The order matters: verl cuts the batch into mini-batches in order (actor.shuffle=false by default). Round by
+        round, the first mini-batch would hold every round-0 rollout, always updated on-policy (ratio 1, never
+        clipped), and a dropped prompt's whole group with it. By prompt, as in a uniform batch, every group lands
+        in one or two neighbouring mini-batches whatever its round."""
+        rows = [(index[base_uid(k.rsplit("_", 2)[0])], r, i, k, t)
+                for r, m in enumerate(metas) for i, (k, t) in enumerate(zip(m.keys, m.tags))]
+        rows.sort(key=lambda row: row[:3])
+        keys = [row[3] for row in rows]
+        tags = [row[4] for row in rows]
         later = [k for m in metas[1:] for k in m.keys]
         if later:
             fields = list_of_dict_to_tensordict([{"uid": base_uid(k.rsplit("_", 2)[0])} for k in later])
