@@ -55,7 +55,9 @@ def run_metrics(mi: int, seed: int, s: StudySettings) -> dict[int, dict]:
     return steps
 
 
-def write_runs(out: Path, s: StudySettings) -> dict[str, Path]:
+def write_runs(out: Path, s: StudySettings, metrics=None) -> dict[str, Path]:
+    """Each run's metrics file; `metrics(method, mi, seed, s)` gives its {step: metrics} (default run_metrics)."""
+    metrics = metrics or (lambda method, mi, seed, s: run_metrics(mi, seed, s))
     files = {}
     for mi, method in enumerate(s.methods):
         for seed in s.seeds:
@@ -63,7 +65,7 @@ def write_runs(out: Path, s: StudySettings) -> dict[str, Path]:
             path.parent.mkdir(parents=True, exist_ok=True)
             # verl's file logger: one {"step", "data"} line per step (validation before training at step 0)
             path.write_text("".join(json.dumps({"step": t, "data": m}) + "\n"
-                                    for t, m in run_metrics(mi, seed, s).items()))
+                                    for t, m in metrics(method, mi, seed, s).items()))
             files[run_name(method, seed)] = path
     return files
 

@@ -9,7 +9,8 @@ import pytest
 
 import recipe.study as study
 import recipe.study_vigor as sv
-from recipe.study import StudySettings, report, run_name
+import tests.test_study as study_tests
+from recipe.study import StudySettings, report
 from tests.test_study import run_metrics
 
 METHODS = ["gapo_linear", "vigor_gapo_linear", "vigor_harder_gapo_linear"]
@@ -45,15 +46,7 @@ def vigor_metrics(method: str, mi: int, seed: int, s: StudySettings) -> dict[int
 
 
 def write_runs(out, s):
-    files = {}
-    for mi, method in enumerate(s.methods):
-        for seed in s.seeds:
-            path = out / "runs" / run_name(method, seed) / "logs" / "train.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps({"step": t, "data": m}) + "\n"
-                                    for t, m in vigor_metrics(method, mi, seed, s).items()))
-            files[run_name(method, seed)] = path
-    return files
+    return study_tests.write_runs(out, s, vigor_metrics)
 
 
 def test_section_numbers_hand_computed(tmp_path):
