@@ -35,9 +35,12 @@ SUBMIT_SCRIPT = ROOT / "launch" / "submit.sh"
 DEFAULT_EVAL_ROOT = "runs/eval"
 MERGED_MODEL_DIR = "merged_hf"  # where a stage's final checkpoint is exported for the next stage
 
-MATH_BENCHES = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
+# both AMC sets: amc22_23 (83 problems) is DeepScaleR's, the comparable one for R1-Distill runs; amc23 (40) is the
+# "AMC23" of Qwen2.5-Math-style evaluations (README, Math training step 1)
+MATH_BENCHES = ("aime24", "aime25", "amc23", "amc22_23", "math500", "minerva", "olympiadbench")
 CODE_BENCHES = ("livecodebench", "humanevalplus")
-BENCH_LABELS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "math500": "MATH500", "minerva": "Minerva",
+BENCH_LABELS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "amc22_23": "AMC (83)", "math500": "MATH500",
+                "minerva": "Minerva",
                 "olympiadbench": "OlympiadBench", "livecodebench": "LCB v5", "humanevalplus": "HumanEval+"}
 
 
@@ -90,14 +93,19 @@ class Table:
     columns: tuple[tuple[str, int], ...]  # (benchmark, k) per column
     rows: tuple[Row, ...]
     notes: tuple[str, ...] = ()
+    eval_args: tuple[str, ...] = ()  # `python -m eval` arguments of every row; a row's own flag replaces the table's
 
 
-MATH_COLUMNS = (("aime24", 1), ("aime24", 16), ("aime25", 1), ("aime25", 16), ("amc23", 1), ("math500", 1),
-                ("minerva", 1), ("olympiadbench", 1))
+MATH_COLUMNS = (("aime24", 1), ("aime24", 16), ("aime25", 1), ("aime25", 16), ("amc23", 1), ("amc22_23", 1),
+                ("math500", 1), ("minerva", 1), ("olympiadbench", 1))
 R1 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
 NOT_REPORTED = "extra baseline, not reported by the paper"
-QWEN_EVAL = ("--max-new-tokens", "3072")  # Qwen2.5-Math-1.5B: 4k context (configs/model/qwen2.5_math_1.5b.yaml)
-LLAMA_EVAL = ("--max-new-tokens", "4096")  # its training budget (configs/model/llama3.2_3b_instruct.yaml)
+# samples per problem: 64 for the math tables (coverage above a 5% solve rate needs a problem solved >= 4 times; at
+# eval's default 16 one success counts: README, Evaluation); the Qwen and Llama evaluations report up to pass@256
+MATH_EVAL = ("--n", "64")
+# Qwen2.5-Math-1.5B: 4k context (configs/model/qwen2.5_math_1.5b.yaml)
+QWEN_EVAL = ("--max-new-tokens", "3072", "--n", "256")
+LLAMA_EVAL = ("--max-new-tokens", "4096", "--n", "256")  # its training budget (configs/model/llama3.2_3b_instruct.yaml)
 
 TABLES = {
     "math": Table(
@@ -105,6 +113,7 @@ TABLES = {
         title="R1-Distill-Qwen-1.5B on math (DeepScaleR data, 24k-token rollouts): the paper's main results",
         benches=MATH_BENCHES,
         columns=MATH_COLUMNS,
+        eval_args=MATH_EVAL,
         rows=(
             Row("base model", model=R1, paper={("aime24", 1): 28.5}),
             Row("fixed-clip baseline (GSPO)", ("math/r1_1.5b_gspo",),
@@ -144,6 +153,7 @@ TABLES = {
         title="Ablations and other models",
         benches=MATH_BENCHES,
         columns=MATH_COLUMNS,
+        eval_args=MATH_EVAL,
         rows=(
             Row("Qwen2.5-Math-1.5B: GAPO, sequence level, eps_high_max 5e-3", ("math/qwen_math_1.5b_gapo",),
                 eval_args=QWEN_EVAL),
@@ -269,8 +279,14 @@ def merge_command(checkpoint_dir: str) -> str:
 
 def eval_command(table: Table, row: Row, jobs: list[Job], eval_root: str) -> list[str]:
     model = jobs[-1].checkpoint_dir if jobs else row.model
+    own = {arg for arg in row.eval_args if arg.startswith("--")}
+    shared, i = [], 0
+    while i < len(table.eval_args):  # flag, value pairs
+        if table.eval_args[i] not in own:
+            shared += table.eval_args[i:i + 2]
+        i += 2
     return ["python", "-m", "eval", "--model", model, "--bench", *table.benches,
-            "--out", f"{eval_root}/{row.eval_name}", *row.eval_args]
+            "--out", f"{eval_root}/{row.eval_name}", *shared, *row.eval_args]
 
 
 def print_plan(table: Table, planned, eval_root: str, out=None) -> None:

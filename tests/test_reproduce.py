@@ -157,14 +157,14 @@ def test_fill_puts_each_number_in_its_cell(tmp_path, capsys):
 def test_fill_math_pass_at_16_and_blank_paper_numbers(tmp_path, capsys):
     names = [row.eval_name for row in TABLES["math"].rows]
     for name in names:
-        _write_summary(tmp_path, name, {b: [1, 0] for b in ("aime24", "aime25", "amc23", "math500", "minerva",
-                                                             "olympiadbench")})
+        _write_summary(tmp_path, name, {b: [1, 0] for b in ("aime24", "aime25", "amc23", "amc22_23", "math500",
+                                                             "minerva", "olympiadbench")})
     assert main(["math", "--fill", "--eval-root", str(tmp_path)]) == 0
     cells = _cells(capsys.readouterr().out)
     # one problem solved once in 16, one never: pass@1 = 3.1, pass@16 = 50.0
     assert cells["r1_1.5b_gapo"][:4] == ["3.1 (44.0)", "50.0 (76.7)", "3.1 (30.8)", "50.0 (56.7)"]
     assert cells["r1_1.5b_focal_gspo"][:3] == ["3.1 (40.2)", "50.0 (73.3)", "3.1"]
-    assert cells["r1_1.5b_grpo"] == ["3.1", "50.0"] * 2 + ["3.1"] * 4  # not reported by the paper: no number
+    assert cells["r1_1.5b_grpo"] == ["3.1", "50.0"] * 2 + ["3.1"] * 5  # not reported by the paper: no number
 
 
 def test_fill_without_a_summary_names_it_and_the_fix(tmp_path, capsys):
@@ -196,3 +196,22 @@ def test_unknown_table_names_it_and_the_choices(capsys):
     assert main(["nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown table 'nope'" in err and "math, code, ablation" in err
+
+
+def test_math_evaluations_sample_enough_for_coverage_and_qwen_llama_reach_pass_at_256(capsys, monkeypatch):
+    """n = 64 for every math row (coverage above a 5% solve rate is degenerate at eval's default 16), 256 for the
+    Qwen and Llama rows (their evaluations report up to pass@256), one --n each; both AMC sets, and the code table
+    keeps eval's defaults."""
+    monkeypatch.delenv("CKPT_ROOT", raising=False)
+    for table in ("math", "ablation", "code"):
+        assert main([table, "--no-check"]) == 0
+        evals = [shlex.split(line) for line in capsys.readouterr().out.splitlines()
+                 if line.startswith("python -m eval")]
+        for row, cmd in zip(TABLES[table].rows, evals):
+            assert cmd.count("--n") == (0 if table == "code" else 1), cmd
+            if table == "code":
+                continue
+            n = cmd[cmd.index("--n") + 1]
+            assert n == ("256" if row.label.startswith(("Qwen", "Llama")) else "64"), row.label
+            benches = cmd[cmd.index("--bench") + 1:cmd.index("--out")]
+            assert {"amc23", "amc22_23"} <= set(benches)
