@@ -167,19 +167,23 @@ def findings(section: dict, summary: dict, s: StudySettings) -> list[str]:
                     f"{_count(b)} vs {_count(a)}")
             if a["reached"] == a["seeds"] and b["reached"] == b["seeds"] and a["mean"] and b["mean"]:
                 diff, se, sure = _distinguishable(_as_spread(a), _as_spread(b))
-                line += (f" (uniform / VIGOR = {a['mean'] / b['mean']:.2f}; difference {diff:+.0f} rollouts, standard "
-                         f"error {se:.0f}: {'beyond' if sure else 'within'} 2 standard errors)")
+                line += (f" (uniform / VIGOR = {a['mean'] / b['mean']:.2f}; uniform - VIGOR = {diff:+.0f} rollouts, "
+                         f"standard error {se:.0f}: {'beyond' if sure else 'within'} 2 standard errors)")
             out.append(line + ".")
-        fa = summary["methods"][uniform]["final"]["hard"]
-        fb = summary["methods"][vigor]["final"]["hard"]
-        for name in ("pass@1", f"pass@{s.val_n}"):
-            draws = draws_1 if name == "pass@1" else s.val_per_bucket
-            diff, se, sure = _distinguishable(fb[name], fa[name], draws)
-            verdict = ("beyond 2 standard errors of seeds and evaluation noise" if sure else
-                       "within 2 standard errors: not distinguishable from noise" if len(s.seeds) > 1
-                       else "one seed: no spread to judge it by")
-            out.append(f"{vigor} - {uniform}, final held-out {name} on the hard bucket: {diff:+.3f} (standard error "
-                       f"{se:.3f}; {verdict}).")
+        # the hard bucket always (VIGOR's risk is there), the others where they cross 2 standard errors
+        for bucket in ("hard",) + tuple(b for b in summary["buckets"] if b != "hard"):
+            fa = summary["methods"][uniform]["final"][bucket]
+            fb = summary["methods"][vigor]["final"][bucket]
+            for name in ("pass@1", f"pass@{s.val_n}"):
+                draws = draws_1 if name == "pass@1" else s.val_per_bucket
+                diff, se, sure = _distinguishable(fb[name], fa[name], draws)
+                if bucket != "hard" and not sure:
+                    continue
+                verdict = ("beyond 2 standard errors of seeds and evaluation noise" if sure else
+                           "within 2 standard errors: not distinguishable from noise" if len(s.seeds) > 1
+                           else "one seed: no spread to judge it by")
+                out.append(f"{vigor} - {uniform}, final held-out {name} on the {bucket} bucket: {diff:+.3f} (standard "
+                           f"error {se:.3f}; {verdict}).")
     for m, r in methods.items():
         hard = (r.get("buckets") or {}).get("hard")
         if not hard or hard["rollouts_per_prompt"] is None:

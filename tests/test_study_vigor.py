@@ -146,3 +146,15 @@ def test_study_train_rows_carry_their_buckets_data_source(tmp_path):
             assert lo <= len(row["reward_model"]["ground_truth"]) <= hi
         counts = {b: sum(r["extra_info"]["bucket"] == b for r in rows) for b in DIFFICULTY_BUCKETS}
         assert set(counts.values()) <= per_bucket and sum(counts.values()) == len(rows)
+
+
+def test_held_out_comparisons_list_the_hard_bucket_always_and_others_only_beyond_noise(tmp_path):
+    # vigor_gapo_linear's validation numbers are 0.1 above gapo_linear's in every bucket (test_study's run_metrics)
+    for per_bucket, others in ((3, False), (400, True)):
+        s = settings(val_per_bucket=per_bucket)
+        metrics = {name: study.read_metrics(p) for name, p in write_runs(tmp_path / str(per_bucket), s).items()}
+        found = sv.findings(sv.summarize(metrics, s), study.summarize(metrics, s), s)
+        pair = [f for f in found if f.startswith("vigor_gapo_linear - gapo_linear, final held-out")]
+        assert sum("on the hard bucket" in f for f in pair) == 2  # pass@1 and pass@4, whatever the noise
+        assert any("on the mid bucket: +0.100" in f for f in pair) is others
+        assert all("beyond 2 standard errors" in f for f in pair if "hard" not in f)
