@@ -165,9 +165,21 @@ def clipped(row) -> bool:
     return row.ratio > 1 + eps if row.advantage > 0 else row.ratio < 1 - EPS_LOW
 
 
+# (group size, success rate) buckets (gapo.rate_buckets), by hand for k = 8: k buckets 1 | 2 | 3-4 | 5-8 (ids
+# 1 + 4 j + r), so every group here is in the k5-8 bucket (j = 3) and c / k in quarters: c = 1-2 | 3-4 | 5-6 | 7-8
+KR_BUCKETS = 16
+KR_RATES = ("0-0.25", "0.25-0.5", "0.5-0.75", "0.75-1")
+
+
+def kr_id(c: int) -> int:
+    return 1 + 4 * 3 + (c + 1) // 2 - 1
+
+
 def expected_sums(rows) -> dict[str, float]:
-    """The loss's raw sums (names without the `gapo_sums/` prefix) over `rows`, every c in 1..k reported."""
+    """The loss's raw sums (names without the `gapo_sums/` prefix) over `rows`, every c in 1..k reported, and every
+    (k, rate) bucket's clipped and token counts."""
     sums = {f"c{c}/{name}": 0.0 for c in range(1, K + 1) for name in SUM_NAMES}
+    sums.update({f"kr{b}/{name}": 0.0 for b in range(1, KR_BUCKETS + 1) for name in ("clipped", "tokens")})
     sums["eps_high_sum"] = sums["positive_rollouts"] = 0.0
     for row in rows:
         adaptive, eps = bound(row)
@@ -179,6 +191,8 @@ def expected_sums(rows) -> dict[str, float]:
         sums[f"c{row.num_correct}/tokens"] += n
         sums[f"c{row.num_correct}/rollouts"] += 1
         sums[f"c{row.num_correct}/advantage"] += n * row.advantage
+        sums[f"kr{kr_id(row.num_correct)}/clipped"] += n * clipped(row)
+        sums[f"kr{kr_id(row.num_correct)}/tokens"] += n
         sums["eps_high_sum"] += eps
         sums["positive_rollouts"] += 1
     return sums
@@ -192,6 +206,10 @@ def expected_diagnostics(rows) -> dict[str, float]:
             out[f"gapo/clipfrac_pos/c{c}"] = sums[f"c{c}/clipped"] / sums[f"c{c}/tokens"]
             out[f"gapo/ratio_dev_pos/c{c}"] = sums[f"c{c}/ratio_dev"] / sums[f"c{c}/tokens"]
             out[f"gapo/adv_pos/c{c}"] = sums[f"c{c}/advantage"] / sums[f"c{c}/tokens"]
+    for r, rate in enumerate(KR_RATES):
+        tokens = sums[f"kr{13 + r}/tokens"]
+        if tokens:
+            out[f"gapo/clipfrac_pos_kr/k5-8/rate{rate}"] = sums[f"kr{13 + r}/clipped"] / tokens
     # the paper's correlation across the c present (stdlib Pearson, independent of gapo.diagnostics)
     levels = [c for c in range(1, K + 1) if sums[f"c{c}/tokens"]]
     out["gapo/is_adv_corr_levels"] = float(len(levels))
