@@ -147,6 +147,13 @@ def test_adversarial_answers_return_in_bounded_time_and_score_zero():
         score_math_batch([r"\boxed{1}"] * 12, ["1"] * 12, pool=p)
         again = score_math_batch([c.response for c in CASES], [c.gold for c in CASES],
                                  require_think=[c.require_think for c in CASES], pool=p)
+        # A legitimate item can still hit the 3 s soft timeout when CI trains beside this test on 2 cores (CI at
+        # fb87edd: polynomial_factored, a sympy expansion). That is load, not a broken pool: such items are graded
+        # once more, alone, and must then be right; a wrong verdict without a timeout fails at once.
+        for i, r in enumerate(again):
+            if r["timeout"]:
+                c = CASES[i]
+                again[i] = score_math_batch([c.response], [c.gold], require_think=[c.require_think], pool=p)[0]
         assert [r["acc"] for r in again] == [c.correct != bool(c.known_failure) for c in CASES]
 
 
