@@ -35,8 +35,11 @@ from gapo.rewards.math_cases import ADVERSARIAL, CASES
 from gapo.rewards.verify_pool import HOOK_PREFIX, PoolBroken, VerifyPool
 
 # Every adversarial answer must come back within this many seconds of submission: the default hard
-# timeout (6 s from dispatch) plus room for worker start-up and CPU contention on a 2-core machine.
-ADVERSARIAL_BOUND_S = 10.0
+# timeout (6 s from dispatch) plus room for worker start-up and CPU contention on a 2-core machine. A bound, not a
+# speed target: every adversarial item must come back within the pool's hard timeout plus queueing
+# (an unguarded factorial of a million never returns). 30 s leaves room for CI, where trainings run beside this test
+# on 2 cores (CI at 814ab06: factorial_of_power took 12.9 s).
+ADVERSARIAL_BOUND_S = 30.0
 
 
 def _alive(pid: int) -> bool:
@@ -150,11 +153,20 @@ def test_adversarial_answers_return_in_bounded_time_and_score_zero():
         # A legitimate item can still hit the 3 s soft timeout when CI trains beside this test on 2 cores (CI at
         # fb87edd: polynomial_factored, a sympy expansion). That is load, not a broken pool: such items are graded
         # once more, alone, and must then be right; a wrong verdict without a timeout fails at once.
-        for i, r in enumerate(again):
-            if r["timeout"]:
-                c = CASES[i]
-                again[i] = score_math_batch([c.response], [c.gold], require_think=[c.require_think], pool=p)[0]
+        again = regrade_timeouts(again, p)
         assert [r["acc"] for r in again] == [c.correct != bool(c.known_failure) for c in CASES]
+
+
+def regrade_timeouts(results: list[dict], pool, attempts: int = 3) -> list[dict]:
+    """Grade the CASES whose result timed out again, alone, up to `attempts` times (load, not a broken pool)."""
+    results = list(results)
+    for i, r in enumerate(results):
+        c = CASES[i]
+        for _ in range(attempts):
+            if not results[i]["timeout"]:
+                break
+            results[i] = score_math_batch([c.response], [c.gold], require_think=[c.require_think], pool=pool)[0]
+    return results
 
 
 @pytest.mark.timeout(60)
@@ -175,6 +187,7 @@ def test_stuck_worker_is_killed_and_replaced():
         assert len(killed) == 1 and not _alive(killed.pop())
         after = score_math_batch([c.response for c in CASES], [c.gold for c in CASES],
                                  require_think=[c.require_think for c in CASES], pool=p)
+        after = regrade_timeouts(after, p)  # this pool's 1 s soft timeout, under CI load (CI at 814ab06)
         assert [r["acc"] for r in after] == [c.correct != bool(c.known_failure) for c in CASES]
         assert len(p.worker_pids()) == 2
 
