@@ -43,7 +43,8 @@ REDUCED_METHODS = ("gspo_clip_higher", "gapo_linear", "vigor_gapo_linear")
 # (uniform twin, VIGOR method) pairs compared in the findings
 PAIRS = (("gspo_clip_higher", "vigor_gspo_clip_higher"), ("gapo_linear", "vigor_gapo_linear"),
          ("gapo_linear", "vigor_harder_gapo_linear"))
-ROLLOUTS_PER_STEP = 64  # the smoke preset: data.train_batch_size 8 x rollout.n 8 (VIGOR's budget is the same)
+PROMPTS_PER_STEP, ROLLOUT_N = 8, 8  # the smoke preset: data.train_batch_size, rollout.n
+ROLLOUTS_PER_STEP = PROMPTS_PER_STEP * ROLLOUT_N  # VIGOR's budget is the same
 SMOOTH = 4  # steps in the trailing mean of the success rate (one step's 8 prompts are too few)
 SUCCESS_RATE = "gapo/groups/success_rate_mean"
 GEN = "timing_s/gen"
@@ -120,8 +121,8 @@ def summarize(metrics_by_run: dict[str, dict[int, dict]], s: StudySettings, targ
         res["success_rate_late"] = _spread([_mean_over(r, late, SUCCESS_RATE) for r in rs])
         res["success_rate_first"] = _spread([_mean_over(r, range(1, s.last + 1), SUCCESS_RATE) for r in rs])
         res["gen_s"] = _spread([_mean_over(r, every, GEN) for r in rs])
-        res["budget_steps_off"] = sum(1 for r in rs for t in every if is_vigor(m)
-                                      and r.get(t, {}).get("vigor/rollouts") != ROLLOUTS_PER_STEP)
+        res["budget_steps_off"] = 0 if not is_vigor(m) else sum(
+            r.get(t, {}).get("vigor/rollouts") != ROLLOUTS_PER_STEP for r in rs for t in every)
         if is_vigor(m):
             rounds = sorted({int(k.split("/")[1][5:]) for r in rs for t in every for k in r.get(t, {})
                              if k.startswith("vigor/round") and k.endswith("/gen_s")})
@@ -190,7 +191,7 @@ def findings(section: dict, summary: dict, s: StudySettings) -> list[str]:
             continue
         starved, flat = hard["starved_frac"], hard["dropped_if_flat_round0"]
         out.append(f"{m}: a hard prompt got {hard['rollouts_per_prompt']['mean']:.2f} rollouts on average (uniform: "
-                   f"{ROLLOUTS_PER_STEP // 8}); {hard['flat_round0_frac']['mean']:.3f} of hard prompts showed equal "
+                   f"{ROLLOUT_N}); {hard['flat_round0_frac']['mean']:.3f} of hard prompts showed equal "
                    f"rewards in their first {_m0()} (e.g. 0/{_m0()}), "
                    + (f"{flat['mean']:.3f} of those were dropped after round 0" if flat else "none of them occurred")
                    + f", so {starved['mean']:.3f} of hard prompts were starved (m0 rollouts, no gradient); "

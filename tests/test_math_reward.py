@@ -153,11 +153,11 @@ def test_adversarial_answers_return_in_bounded_time_and_score_zero():
         # A legitimate item can still hit the 3 s soft timeout when CI trains beside this test on 2 cores (CI at
         # fb87edd: polynomial_factored, a sympy expansion). That is load, not a broken pool: such items are graded
         # once more, alone, and must then be right; a wrong verdict without a timeout fails at once.
-        again = regrade_timeouts(again, p)
+        again = regrade_misses(again, p)
         assert [r["acc"] for r in again] == [c.correct != bool(c.known_failure) for c in CASES]
 
 
-def regrade_timeouts(results: list[dict], pool, attempts: int = 3) -> list[dict]:
+def regrade_misses(results: list[dict], pool, attempts: int = 3) -> list[dict]:
     """Grade the CASES whose verdict is not the expected one again, alone, up to `attempts` times: under CI load a
     legitimate item can time out or lose its worker (CI at 3dad820: index 44 stayed wrong after timeout-only
     retries). A deterministic wrong verdict is wrong every time and still fails the caller's comparison."""
@@ -189,7 +189,7 @@ def test_stuck_worker_is_killed_and_replaced():
         assert len(killed) == 1 and not _alive(killed.pop())
         after = score_math_batch([c.response for c in CASES], [c.gold for c in CASES],
                                  require_think=[c.require_think for c in CASES], pool=p)
-        after = regrade_timeouts(after, p)  # this pool's 1 s soft timeout, under CI load (CI at 814ab06)
+        after = regrade_misses(after, p)  # this pool's 1 s soft timeout, under CI load (CI at 814ab06)
         assert [r["acc"] for r in after] == [c.correct != bool(c.known_failure) for c in CASES]
         assert len(p.worker_pids()) == 2
 
