@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -191,14 +192,14 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
                                                advantage_sum)[:, KR_COLUMNS]
             values += [(eps_high * adaptive).sum(), adaptive.sum()]
         # one device-to-host transfer for every metric of the micro-batch
-        flat = torch.stack(values).float()
+        parts = [torch.stack(values).float()]
         if table is not None:
-            flat = torch.cat([flat, table.reshape(-1), kr_table.reshape(-1)])
-        flat = flat.tolist()
+            parts += [table.reshape(-1), kr_table.reshape(-1)]
+        ends = list(itertools.accumulate(p.numel() for p in parts))  # where each part ends (no host sync)
+        flat = torch.cat(parts).tolist()
     metrics = dict(zip(("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"), flat[:3]))
     if settings.diagnostics:
-        split = 5 + (max_count + 1) * len(SUM_NAMES)
-        stats.sums.update(_named_sums(flat[3], flat[4], flat[5:split], flat[split:]))
+        stats.sums.update(_named_sums(flat[3], flat[4], flat[ends[0]:ends[1]], flat[ends[1]:]))
     return pg_loss, metrics
 
 

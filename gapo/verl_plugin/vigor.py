@@ -191,9 +191,12 @@ def source_metrics(sources: Sequence[str], round0: Sequence[Sequence[float]], fi
 
     `kept_round1`: the prompts kept in round 1 (None: round 1 did not run, every prompt kept its m0 rollouts).
     """
+    def flat(rewards: Sequence[float]) -> bool:  # all equal, as the schedule's ties compare variances
+        return bool(rewards) and round(group_variance(rewards), TIE_DECIMALS) == 0
+
     out: Counter = Counter()
     for p, source in enumerate(sources):
-        flat0 = bool(round0[p]) and round(group_variance(round0[p]), TIE_DECIMALS) == 0
+        flat0 = flat(round0[p])
         dropped = kept_round1 is None or p not in kept_round1
         prefix = f"vigor/source/{source}/"
         out[prefix + "prompts"] += 1
@@ -201,7 +204,7 @@ def source_metrics(sources: Sequence[str], round0: Sequence[Sequence[float]], fi
         out[prefix + "dropped_round1"] += int(dropped)
         out[prefix + "flat_round0"] += int(flat0)
         out[prefix + "flat_round0_dropped"] += int(flat0 and dropped)
-        out[prefix + "flat_final"] += int(bool(final[p]) and round(group_variance(final[p]), TIE_DECIMALS) == 0)
+        out[prefix + "flat_final"] += int(flat(final[p]))
     return {key: float(value) for key, value in out.items()}
 
 
