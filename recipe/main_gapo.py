@@ -44,11 +44,11 @@ def main(config):
         sys.exit(f"GAPO config error: {err}")
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     try:
-        run_driver_checks(config)  # data files, data_source values, model path: before any Ray work
+        run_driver_checks(config)  # data files, data_source values, model path, resume's world size: before Ray
         run_ppo(config, task_runner_class=GAPOTaskRunner)
     except PreflightError as err:  # from the task runner it arrives as a RayTaskError that is a PreflightError
         problems = getattr(err, "cause", err)
-        sys.exit(f"GAPO preflight failed (GAPO_SKIP_PREFLIGHT=data,model,gpu skips checks):\n{problems}")
+        sys.exit(f"GAPO preflight failed (GAPO_SKIP_PREFLIGHT=data,model,checkpoint,gpu skips checks):\n{problems}")
 
 
 if __name__ == "__main__":

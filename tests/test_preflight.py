@@ -22,6 +22,7 @@ from gapo.verl_plugin.preflight import (
     check_cluster_gpus,
     check_data_files,
     check_model_path,
+    check_resume_world_size,
     run_driver_checks,
     skipped_checks,
     uses_gapo_reward,
@@ -193,7 +194,7 @@ def test_reward_pool_gpus_count_and_busy_gpus_are_reported():
 
 def test_skip_env(monkeypatch):
     assert skipped_checks({SKIP_ENV: "gpu, data"}) == {"gpu", "data"}
-    assert skipped_checks({SKIP_ENV: "all"}) == {"data", "model", "gpu"}
+    assert skipped_checks({SKIP_ENV: "all"}) == {"data", "model", "checkpoint", "gpu"}
     with pytest.raises(PreflightError, match="unknown check"):
         skipped_checks({SKIP_ENV: "gpus"})
     monkeypatch.setenv(SKIP_ENV, "gpu")
@@ -241,3 +242,85 @@ def test_entry_point_fails_fast_on_a_missing_data_file():
     assert "data.val_files[0]='/nonexistent-gapo-data/math/aime24.parquet': no such file" in proc.stderr
     assert "ray init kwargs" not in proc.stdout + proc.stderr  # failed before run_ppo started Ray
     print(f"entry point failed after {elapsed:.1f} s")
+
+
+# ------------------------------------------------------------------------------ resume at another world size
+def _checkpoint(root: Path, step: int, world: int, ranks=None) -> Path:
+    """A verl 0.9.1 checkpoint folder as its FSDP manager writes it: one model/optim/extra_state shard per rank."""
+    actor = root / f"global_step_{step}" / "actor"
+    actor.mkdir(parents=True)
+    for rank in (range(world) if ranks is None else ranks):
+        for kind in ("model", "optim", "extra_state"):
+            (actor / f"{kind}_world_size_{world}_rank_{rank}.pt").write_bytes(b"")
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return actor.parent
+
+
+def _resume_config(root, nnodes=1, per_node=1, mode="auto", path=None):
+    cfg = _config("x", "x")
+    cfg.trainer = {"nnodes": nnodes, "n_gpus_per_node": per_node, "resume_mode": mode,
+                   "default_local_dir": str(root), "resume_from_path": path}
+    return cfg
+
+
+def test_resume_at_the_world_size_of_the_checkpoint_passes(tmp_path, capsys):
+    _checkpoint(tmp_path, 1, world=1)
+    _checkpoint(tmp_path, 2, world=2)  # the tracker names step 2: the one verl would load
+    assert check_resume_world_size(_resume_config(tmp_path, per_node=2)) == []
+    assert "written at world size 2, as this run" in capsys.readouterr().out
+    assert check_resume_world_size(_resume_config(tmp_path, nnodes=2, per_node=1)) == []  # 2 nodes x 1 is 2 too
+
+
+@pytest.mark.parametrize("written, nnodes, per_node", [(1, 1, 2), (2, 1, 1), (2, 1, 8), (8, 2, 8)])
+def test_resume_at_another_world_size_names_both_sizes_and_the_fix(tmp_path, written, nnodes, per_node):
+    folder = _checkpoint(tmp_path, 3, world=written)
+    problems = check_resume_world_size(_resume_config(tmp_path, nnodes=nnodes, per_node=per_node))
+    assert len(problems) == 1
+    text = problems[0]
+    assert f"the checkpoint {folder} was written at world size {written} " in text
+    assert f"this run has world size {nnodes * per_node} (trainer.nnodes={nnodes} x " \
+           f"trainer.n_gpus_per_node={per_node})" in text
+    assert "cannot reshard on load" in text
+    assert f"verl.model_merger merge --backend fsdp --local_dir {folder / 'actor'}" in text
+    assert "trainer.resume_mode=disable" in text
+    # run_driver_checks raises it (what recipe.main_gapo prints, before run_ppo starts Ray)
+    with pytest.raises(PreflightError) as err:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(SKIP_ENV, "data,model")
+            run_driver_checks(_resume_config(tmp_path, nnodes=nnodes, per_node=per_node))
+    assert text in err.value.problems
+
+
+def test_resume_path_mode_checks_the_named_folder_not_the_latest(tmp_path):
+    old = _checkpoint(tmp_path, 1, world=1)
+    _checkpoint(tmp_path, 2, world=2)
+    cfg = _resume_config(tmp_path, per_node=2, mode="resume_path", path=str(old))
+    problems = check_resume_world_size(cfg)
+    assert len(problems) == 1 and problems[0].startswith(f"trainer.resume_from_path: the checkpoint {old} was "
+                                                         "written at world size 1")
+    missing = _resume_config(tmp_path, mode="resume_path", path=str(tmp_path / "global_step_9"))
+    assert "no actor checkpoint folder" in check_resume_world_size(missing)[0]
+
+
+def test_an_incomplete_copy_names_the_missing_ranks(tmp_path):
+    _checkpoint(tmp_path, 1, world=4, ranks=[0, 2])
+    problems = check_resume_world_size(_resume_config(tmp_path, per_node=4))
+    assert len(problems) == 1 and "lacks the model shards of rank(s) [1, 3] of world size 4" in problems[0]
+
+
+def test_nothing_to_resume_or_resume_off_is_not_checked(tmp_path):
+    assert check_resume_world_size(_resume_config(tmp_path / "empty")) == []  # no tracker: training from scratch
+    _checkpoint(tmp_path, 1, world=1)
+    assert check_resume_world_size(_resume_config(tmp_path, per_node=2, mode="disable")) == []
+    # a relative default_local_dir is taken against the cwd, as verl does
+    cfg = _resume_config(os.path.relpath(tmp_path), per_node=2)
+    assert len(check_resume_world_size(cfg)) == 1
+
+
+def test_skip_env_turns_the_checkpoint_check_off(tmp_path, monkeypatch):
+    _checkpoint(tmp_path, 1, world=1)
+    monkeypatch.setenv(SKIP_ENV, "data,model,checkpoint")
+    run_driver_checks(_resume_config(tmp_path, per_node=2))  # nothing raised
+    monkeypatch.setenv(SKIP_ENV, "data,model")
+    with pytest.raises(PreflightError, match="written at world size 1"):
+        run_driver_checks(_resume_config(tmp_path, per_node=2))

@@ -6,14 +6,16 @@ started, and on a machine without the requested GPUs it could wait silently (obs
 
 - in the driver, before ``run_ppo`` (no Ray): :func:`check_data_files` (``data.train_files`` /
   ``data.val_files`` exist, are readable parquet with the columns the reward needs, and, when the reward is
-  this project's ``pkg://gapo.rewards``, every ``data_source`` in them has a scorer) and
-  :func:`check_model_path` (``actor_rollout_ref.model.path`` exists when it is a local path);
+  this project's ``pkg://gapo.rewards``, every ``data_source`` in them has a scorer),
+  :func:`check_model_path` (``actor_rollout_ref.model.path`` exists when it is a local path) and
+  :func:`check_resume_world_size` (the checkpoint a resume would load was written at this run's world size:
+  verl 0.9.1 keeps one shard per rank and cannot reshard on load);
 - in the task runner (a Ray actor, the process where verl builds its resource pools, so the platform's Ray
   resource name is the one verl will ask for), before verl's trainer starts: :func:`check_cluster_gpus`.
 
-``GAPO_SKIP_PREFLIGHT=data,model,gpu`` (any of them, or ``all``) skips checks: ``gpu`` on an autoscaling
-cluster (nodes that join only once verl asks for them), ``data``/``model`` where the driver's machine does
-not see the files the Ray workers see.
+``GAPO_SKIP_PREFLIGHT=data,model,checkpoint,gpu`` (any of them, or ``all``) skips checks: ``gpu`` on an
+autoscaling cluster (nodes that join only once verl asks for them), ``data``/``model``/``checkpoint`` where the
+driver's machine does not see the files the Ray workers see.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from omegaconf import DictConfig, ListConfig
 
 SKIP_ENV = "GAPO_SKIP_PREFLIGHT"
-CHECKS = ("data", "model", "gpu")
+CHECKS = ("data", "model", "checkpoint", "gpu")
 OUR_REWARD_PATHS = ("pkg://gapo.rewards", "pkg://gapo/rewards")
 OUR_REWARD_FUNCTIONS = ("compute_score", "compute_score_batch")
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl")  # what verl's RLHFDataset reads
@@ -56,7 +58,7 @@ class PreflightError(RuntimeError):
 
 
 def skipped_checks(environ=None) -> set[str]:
-    """The checks ``GAPO_SKIP_PREFLIGHT`` (comma or space separated: data, model, gpu, all) turns off."""
+    """The checks ``GAPO_SKIP_PREFLIGHT`` (comma or space separated: data, model, checkpoint, gpu, all) turns off."""
     raw = (os.environ if environ is None else environ).get(SKIP_ENV, "")
     words = {w for w in re.split(r"[\s,]+", raw.strip().lower()) if w}
     if "all" in words:
@@ -226,16 +228,100 @@ def check_model_path(config: DictConfig) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------------------------------------ checkpoint
+# verl 0.9.1's FSDP checkpoint manager (utils/checkpoint/fsdp_checkpoint_manager.py) writes and reads
+# f"{kind}_world_size_{W}_rank_{r}.pt" per rank, kind in model / optim / extra_state
+_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def resume_folder(config: DictConfig) -> str | None:
+    """The ``global_step_N`` folder verl's ``_load_checkpoint`` would resume from (None: training from scratch),
+    found the way verl 0.9.1 finds it (``trainer.resume_mode`` auto: the tracker file under
+    ``trainer.default_local_dir``; resume_path: ``trainer.resume_from_path``), relative paths against the cwd."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    trainer = config.trainer
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "auto":
+        folder = trainer.get("default_local_dir")
+        if not folder or _REMOTE.match(str(folder)):
+            return None
+        return find_latest_ckpt_path(os.path.abspath(os.path.expanduser(str(folder))))
+    if mode == "resume_path":
+        path = trainer.get("resume_from_path")
+        return None if not path or _REMOTE.match(str(path)) else os.path.abspath(os.path.expanduser(str(path)))
+    return None
+
+
+def checkpoint_world_sizes(actor_dir: str) -> dict[int, set[int]]:
+    """{world size: ranks with a model shard} of the sharded actor checkpoint in ``actor_dir``."""
+    sizes: dict[int, set[int]] = {}
+    for name in os.listdir(actor_dir):
+        match = _SHARD.match(name)
+        if match and match.group(1) == "model":
+            sizes.setdefault(int(match.group(2)), set()).add(int(match.group(3)))
+    return sizes
+
+
+def check_resume_world_size(config: DictConfig) -> list[str]:
+    """Problems of the checkpoint a resume would load (empty when fine or when nothing is resumed).
+
+    verl 0.9.1 saves one model, optimizer and extra-state shard per FSDP rank and loads rank r's shard of the
+    current world size; a checkpoint written at another world size fails only after Ray, the workers and the
+    rollout servers have started (FileNotFoundError ``model_world_size_W_rank_r.pt``). The actor's world size
+    is ``trainer.nnodes * trainer.n_gpus_per_node`` (every worker of the global pool is an FSDP rank).
+    """
+    folder = resume_folder(config)
+    if folder is None:
+        return []
+    mode = config.trainer.get("resume_mode", "auto")
+    key = "trainer.resume_from_path" if mode == "resume_path" else "trainer.default_local_dir"
+    actor_dir = os.path.join(folder, "actor")
+    if not os.path.isdir(actor_dir):
+        if mode == "resume_path":
+            return [f"{key}={config.trainer.resume_from_path!r}: no actor checkpoint folder {actor_dir}: point it at a "
+                    "global_step_N folder written by a training run, or set trainer.resume_mode=disable"]
+        return [f"{key}: the latest checkpoint {folder} has no actor/ folder (a save that did not finish?): remove "
+                "the folder or point trainer.default_local_dir elsewhere, or set trainer.resume_mode=disable"]
+    nnodes, per_node = int(config.trainer.nnodes), int(config.trainer.n_gpus_per_node)
+    world = nnodes * per_node
+    sizes = checkpoint_world_sizes(actor_dir)
+    if not sizes:
+        _note(f"{actor_dir} has no sharded model (checkpoint.save_contents without 'model'?): not checked")
+        return []
+    if world in sizes and sizes[world] == set(range(world)):
+        _note(f"resume from {folder}: written at world size {world}, as this run")
+        return []
+    if world in sizes:
+        missing = sorted(set(range(world)) - sizes[world])
+        return [f"{key}: the checkpoint {folder} lacks the model shards of rank(s) {missing} of world size {world} "
+                "(an incomplete copy?): copy the whole global_step folder, or resume from an earlier one"]
+    written = sorted(sizes)
+    shape = " or ".join(str(w) for w in written)
+    merged = os.path.join(folder, "merged_hf")
+    return [
+        f"{key}: the checkpoint {folder} was written at world size {shape} (model_world_size_{written[0]}_rank_*.pt), "
+        f"but this run has world size {world} (trainer.nnodes={nnodes} x trainer.n_gpus_per_node={per_node}); verl "
+        "0.9.1 keeps one shard per rank and cannot reshard on load. Fix: resume with the world size it was "
+        f"written at (trainer.nnodes x trainer.n_gpus_per_node = {shape}); or export its weights (`python -m "
+        f"verl.model_merger merge --backend fsdp --local_dir {actor_dir} --target_dir {merged}`) and start a new "
+        f"run from them (actor_rollout_ref.model.path={merged} trainer.resume_mode=disable, a fresh optimizer and "
+        "step count); or set trainer.resume_mode=disable to train from scratch"]
+
+
 def run_driver_checks(config: DictConfig) -> None:
-    """Data and model checks in the driver (no Ray); raises PreflightError listing every problem."""
+    """Data, model and resume checks in the driver (no Ray); raises PreflightError listing every problem."""
     skip = skipped_checks()
     problems = []
     if "data" not in skip:
         problems += check_data_files(config)
     if "model" not in skip:
         problems += check_model_path(config)
-    if skip & {"data", "model"}:
-        _note(f"skipped: {', '.join(sorted(skip & {'data', 'model'}))} ({SKIP_ENV})")
+    if "checkpoint" not in skip:
+        problems += check_resume_world_size(config)
+    driver_checks = {"data", "model", "checkpoint"}
+    if skip & driver_checks:
+        _note(f"skipped: {', '.join(sorted(skip & driver_checks))} ({SKIP_ENV})")
     if problems:
         raise PreflightError(problems)
 
