@@ -6,7 +6,8 @@
 #   make test-vllm tests/vllm only (verl's real vLLM rollout and eval's vLLM backend on CPU)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
-#                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm)
+#                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm); RANKS=2: 2 FSDP ranks
+#                  (gloo); NODES=2: a local 2-node Ray cluster, the runs submitted with launch/submit.sh (docs/cluster.md)
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
 #                  code-reward parsing per KB and a hostile batch; peak memory preparing LCB rows of 60 MB tests)
@@ -39,7 +40,9 @@ TORCH_CPU ?= torch==2.13.0
 # build isolation and after torch (tests/test_packaging.py checks the pin against verl's metadata)
 FLASH_ATTN ?= flash-attn==2.8.3
 ROLLOUT ?= hf
-SMOKE_DIR ?= runs/smoke$(if $(filter vllm,$(ROLLOUT)),-vllm)
+RANKS ?= 1
+NODES ?= 1
+SMOKE_DIR ?= runs/smoke$(if $(filter vllm,$(ROLLOUT)),-vllm)$(if $(filter-out 1,$(RANKS)),-r$(RANKS))$(if $(filter-out 1,$(NODES)),-n$(NODES))
 K ?= 8
 EPS_LOW ?= 0.2
 EPS_HIGH_MAX ?= 0.28
@@ -131,9 +134,10 @@ test-vllm: install-vllm
 test-fast: install
 	$(PY) -m pytest tests --ignore=tests/vllm -m "not slow"
 
-# ROLLOUT=vllm: verl's real vLLM rollout, in the vLLM CPU environment (make install-vllm; its own SMOKE_DIR)
+# ROLLOUT=vllm: verl's real vLLM rollout, in the vLLM CPU environment (make install-vllm; its own SMOKE_DIR);
+# RANKS=R FSDP ranks per node, NODES=N nodes of a local Ray cluster (each shape its own SMOKE_DIR)
 smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
-	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.smoke --out $(SMOKE_DIR) --rollout $(ROLLOUT)
+	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.smoke --out $(SMOKE_DIR) --rollout $(ROLLOUT) --ranks $(RANKS) --nodes $(NODES)
 
 bench: install
 	$(PY) -m recipe.bench_loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05

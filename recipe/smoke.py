@@ -1,6 +1,7 @@
 """CPU smoke run: train a tiny random model with GAPO through verl's real trainer, then resume from its checkpoint.
 
     python -m recipe.smoke [--out runs/smoke] [--steps 2] [--resume-steps 1] [--rollout hf|vllm]   (or `make smoke`)
+                           [--ranks R] [--nodes N]                (make smoke RANKS=2, make smoke NODES=2)
 
 1. builds the tiny model/tokenizer and the synthetic task's parquet files under OUT (offline, cached);
 2. trains `--steps` steps with `python -m recipe.main_gapo --config-name smoke_cpu` (Ray, FSDP2 actor, HF
@@ -9,6 +10,10 @@
 4. checks that the run showed GAPO at work (mixed groups, several thresholds, clipping that binds,
    thresholds that reached the loss, the resumed run starting after the saved step, rollout log-probs equal to
    the actor's in every step, i.e. the new weights reached the rollout engine) and prints a summary.
+`--ranks R` trains with R FSDP ranks per node (R logical GPUs, gloo). `--nodes N` starts a local N-node Ray cluster
+on this machine (gapo.local_cluster: N raylets with R logical GPUs each) and submits both runs to it with
+launch/submit.sh, as on a real cluster (`trainer.nnodes=N`). The checks then also ask for one checkpoint shard per
+rank (world size N x R).
 `--rollout vllm` uses verl's real vLLM rollout (preset configs/platform/cpu_vllm.yaml; needs the vLLM CPU
 environment, `make smoke ROLLOUT=vllm`). Every run is supervised (gapo.supervisor): a hard wall-clock limit
 (`--timeout`), a rollout server's fatal error ends it within a bounded time, and no process or shared-memory
@@ -19,6 +24,7 @@ Logs: OUT/logs/run{1,2}.log (stdout+stderr) and run{1,2}.jsonl (metrics per step
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -58,35 +64,60 @@ def prepare(out: Path) -> None:
     make_dataset(out / "data")
 
 
-def run_command(out: Path, run: str, total_steps: int, overrides: list[str]) -> tuple[list[str], dict, Path, Path]:
+def shape_overrides(ranks: int = 1, nodes: int = 1) -> list[str]:
+    """Hydra overrides for `nodes` x `ranks` FSDP ranks (logical GPUs on the CPU platform). A local Ray (one node)
+    gets the logical GPUs in ray.init; a cluster has them from `ray start --num-gpus` (submit.sh nulls ray_init's)."""
+    if ranks < 1 or nodes < 1:
+        raise SmokeCheckError(f"--ranks and --nodes must be at least 1, got ranks={ranks} nodes={nodes}")
+    shape = [f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={ranks}"]
+    return shape if nodes > 1 else [*shape, f"ray_kwargs.ray_init.num_gpus={ranks}"]
+
+
+def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
+                cluster=None) -> tuple[list[str], dict, Path, Path]:
     """(command, environment, metrics file, log file) of one training run, as `train` starts it (with cwd ROOT).
+    With `cluster` (a started gapo.local_cluster.LocalRayCluster) the command is launch/submit.sh against it.
     Also used by tests that start the run themselves (tests/test_kill_resume.py kills it)."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     metrics_file, log_file = logs / f"{run}.jsonl", logs / f"{run}.log"
     env = {**os.environ, **CPU_ENV, "GAPO_SMOKE_DIR": str(out), "VERL_FILE_LOGGER_PATH": str(metrics_file)}
-    cmd = [sys.executable, "-m", "recipe.main_gapo", "--config-name", "smoke_cpu",
-           f"trainer.total_training_steps={total_steps}", *overrides]
-    return cmd, env, metrics_file, log_file
+    args = [f"trainer.total_training_steps={total_steps}", *overrides]
+    if cluster is None:
+        return [sys.executable, "-m", "recipe.main_gapo", "--config-name", "smoke_cpu", *args], env, metrics_file, \
+            log_file
+    # as on a real cluster: the job gets the CPU platform's variables (EXTRA_ENV) and this shell's GAPO_SMOKE_DIR and
+    # VERL_FILE_LOGGER_PATH (submit.sh's pass-through); its driver is this environment's python
+    bin_dir = Path(sys.executable).parent
+    env.update(cluster.auth, RAY_ADDRESS=cluster.dashboard_url, JOB_PYTHON=sys.executable, PYTHON=sys.executable,
+               RAY=str(bin_dir / "ray"), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+               EXTRA_ENV=" ".join(f"{k}={v}" for k, v in CPU_ENV.items()),
+               JOB_ID=f"gapo-smoke-{run}-{os.getpid()}-{int(time.time())}")
+    return ["bash", str(ROOT / "launch" / "submit.sh"), "smoke_cpu", *args], env, metrics_file, log_file
 
 
-def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict:
-    """One supervised training run, in its own session and Ray temp dir. Returns {"metrics_file", "wall_s",
-    "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the log's tail (or the rollout
-    server's error) on failure."""
-    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides)
+def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S,
+          cluster=None) -> dict:
+    """One supervised training run, in its own session and Ray temp dir (or submitted to `cluster`). Returns
+    {"metrics_file", "wall_s", "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the
+    log's tail (or the rollout server's error) on failure. The peak memory of a submitted run is that of submit.sh
+    plus the peak of the whole cluster's processes (the job runs in the cluster's nodes, idle Ray included)."""
+    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides, cluster)
     # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
     ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
-    cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
-    env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
+    if cluster is None:
+        cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+        env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
     print(f"[smoke] {run}: {' '.join(cmd[1:])}\n[smoke] log: {log_file}", flush=True)
     supervised = SupervisedRun(cmd, env, log_file, cwd=ROOT, timeout_s=timeout_s)
     try:
-        result = supervised.wait()
+        with (cluster.peak_memory() if cluster is not None else contextlib.nullcontext({})) as cluster_memory:
+            result = supervised.wait()
     except SupervisedRunError as err:
         raise SmokeCheckError(f"{run} failed: {err}") from None
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    result.peak_pss_bytes += cluster_memory.get("peak_pss_bytes", 0)  # a submitted run's processes are the cluster's
     print(f"[smoke] {run}: exit {result.returncode} after {result.wall_s:.0f} s, peak memory of its processes "
           f"{result.peak_pss_bytes / 2**30:.1f} GiB", flush=True)
     if result.returncode != 0:
@@ -105,9 +136,22 @@ def read_metrics(path: Path) -> dict[int, dict]:
     return {row["step"]: row["data"] for row in rows}
 
 
-def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps: int, ckpt_dir: Path) -> None:
+def missing_shards(ckpt_dir: Path, step: int, world_size: int) -> list[str]:
+    """The per-rank files verl 0.9.1 writes for step `step` at `world_size` that are not there."""
+    actor = ckpt_dir / f"global_step_{step}" / "actor"
+    return [f"{kind}_world_size_{world_size}_rank_{rank}.pt" for rank in range(world_size)
+            for kind in ("model", "optim", "extra_state")
+            if not (actor / f"{kind}_world_size_{world_size}_rank_{rank}.pt").exists()]
+
+
+def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps: int, ckpt_dir: Path,
+          world_size: int = 1) -> None:
     """What a smoke run must show; each failure says what was missing."""
     problems = []
+    for step in range(1, steps + resume_steps + 1):
+        missing = missing_shards(ckpt_dir, step, world_size)
+        if missing:
+            problems.append(f"checkpoint of step {step} lacks {missing} (world size {world_size}: one shard per rank)")
     if sorted(run1) != list(range(1, steps + 1)):
         problems.append(f"first run logged steps {sorted(run1)}, expected 1..{steps}")
     if sorted(run2) != list(range(steps + 1, steps + resume_steps + 1)):
@@ -153,20 +197,29 @@ def summary_lines(metrics: dict[int, dict]) -> list[str]:
 
 
 def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[str] | None = None,
-              rollout: str = "hf", timeout_s: float = RUN_TIMEOUT_S) -> dict:
-    """The whole smoke run; returns {"run1": metrics, "run2": metrics, "ckpt_dir": path, "runs": [per-run wall
-    time and peak memory]}. Raises SmokeCheckError."""
+              rollout: str = "hf", timeout_s: float = RUN_TIMEOUT_S, ranks: int = 1, nodes: int = 1) -> dict:
+    """The whole smoke run at `nodes` x `ranks` FSDP ranks; returns {"run1": metrics, "run2": metrics, "ckpt_dir":
+    path, "runs": [per-run wall time and peak memory], "world_size": nodes * ranks}. Raises SmokeCheckError."""
     if rollout not in ROLLOUT_OVERRIDES:
         raise SmokeCheckError(f"unknown rollout {rollout!r}: expected one of {sorted(ROLLOUT_OVERRIDES)}")
     out = out.resolve()
-    overrides = [*ROLLOUT_OVERRIDES[rollout], *(overrides or [])]
+    overrides = [*ROLLOUT_OVERRIDES[rollout], *shape_overrides(ranks, nodes), *(overrides or [])]
     prepare(out)
     ckpt_dir = out / "checkpoints"
-    first = train(out, "run1", steps, overrides, timeout_s)
-    second = train(out, "run2", steps + resume_steps, overrides, timeout_s)
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if nodes > 1:
+            from gapo.local_cluster import LocalRayCluster
+
+            env = {**os.environ, **CPU_ENV, "GAPO_SMOKE_DIR": str(out)}
+            print(f"[smoke] starting a local Ray cluster: {nodes} nodes x {ranks} logical GPUs", flush=True)
+            cluster = stack.enter_context(LocalRayCluster(nodes, ranks, env, out / "logs" / "cluster"))
+            print(f"[smoke] cluster up: {cluster.address}, jobs at {cluster.dashboard_url}", flush=True)
+        first = train(out, "run1", steps, overrides, timeout_s, cluster)
+        second = train(out, "run2", steps + resume_steps, overrides, timeout_s, cluster)
     run1, run2 = read_metrics(first["metrics_file"]), read_metrics(second["metrics_file"])
-    check(run1, run2, steps, resume_steps, ckpt_dir)
-    return {"run1": run1, "run2": run2, "ckpt_dir": ckpt_dir, "runs": [first, second]}
+    check(run1, run2, steps, resume_steps, ckpt_dir, world_size=nodes * ranks)
+    return {"run1": run1, "run2": run2, "ckpt_dir": ckpt_dir, "runs": [first, second], "world_size": nodes * ranks}
 
 
 def write_summary(path: Path, rollout: str, wall_s: float, result: dict) -> None:
@@ -186,6 +239,11 @@ def main(argv=None):
     parser.add_argument("--rollout", choices=sorted(ROLLOUT_OVERRIDES), default="hf",
                         help="rollout engine: hf (HF generate, default environment) or vllm (verl's vLLM rollout; "
                              "needs the vLLM CPU environment: make smoke ROLLOUT=vllm)")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="FSDP ranks per node (logical GPUs, gloo); world size = nodes x ranks (make smoke RANKS=2)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="nodes of a local Ray cluster started on this machine; >1 submits the runs with "
+                             "launch/submit.sh (make smoke NODES=2)")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
                         help="hard wall-clock limit of each run in seconds (killed past it)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides for both runs, e.g. actor_rollout_ref.rollout.n=4")
@@ -195,13 +253,15 @@ def main(argv=None):
         subprocess.run(["rm", "-rf", str(out / stale)], check=True)
     start = time.time()
     try:
-        result = run_smoke(out, args.steps, args.resume_steps, args.overrides, args.rollout, args.timeout)
+        result = run_smoke(out, args.steps, args.resume_steps, args.overrides, args.rollout, args.timeout,
+                           ranks=args.ranks, nodes=args.nodes)
     except SmokeCheckError as err:
         sys.exit(f"[smoke] FAILED: {err}")
     peak = max(r["peak_pss_bytes"] for r in result["runs"]) / 2**30
     wall = time.time() - start
     write_summary(out / "logs" / "summary.json", args.rollout, wall, result)
-    print(f"\n[smoke] OK in {wall:.0f} s (rollout {args.rollout}; peak memory {peak:.1f} GiB)")
+    print(f"\n[smoke] OK in {wall:.0f} s (rollout {args.rollout}; world size {result['world_size']} = {args.nodes} "
+          f"node(s) x {args.ranks} rank(s); peak memory {peak:.1f} GiB)")
     print(f"[smoke] logs: {out.resolve() / 'logs'}\n[smoke] checkpoints: {result['ckpt_dir']}")
     print("\n".join(summary_lines({**result["run1"], **result["run2"]})))
 

@@ -22,6 +22,12 @@ Diagnostics: the per-c sums are reported as verl `Metric`s with SUM aggregation,
 micro-batch, data-parallel and mini-batch averaging scales numerator and denominator alike and their
 ratio is exact over the step, whatever the (dynamic) micro-batching. All of a micro-batch's metrics leave
 the device in one transfer (verl's gspo makes three).
+
+Debugging aid (off by default): with ``GAPO_DEBUG_LOSS_ROWS=DIR`` in the environment of the run (Ray workers
+inherit it), every rank appends what its loss computed per rollout to ``DIR/rank{r}.jsonl``: the step, the
+rollout's c, k, success flag, whether it got the adaptive bound, its eps_high, and its real, clipped, |ratio - 1|
+and advantage token sums. The per-c metrics are these rows summed over ranks and micro-batches
+(tests/test_cluster_e2e.py recounts them at world size 2).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -51,6 +59,9 @@ NUM_CORRECT_KEY = "gapo_num_correct"
 GROUP_SIZE_KEY = "gapo_group_size"
 SUCCESS_KEY = "gapo_success"
 STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
+# written by the trainer only under ROWS_ENV: the global step of each row, for the per-row debugging dump
+STEP_KEY = "gapo_step"
+ROWS_ENV = "GAPO_DEBUG_LOSS_ROWS"
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
 # Prefix of the raw per-c sums the loss reports; the trainer turns them into gapo/* metrics.
 SUMS_PREFIX = "gapo_sums"
@@ -80,6 +91,8 @@ class GroupStats:
     sums: dict[str, float] = field(default_factory=dict)  # filled by the loss: f"{SUMS_PREFIX}/..." -> value
     # rows c = 1..max_count of the per-c diagnostic table; None: the actor's rollout_n (groups of rollout.n)
     max_count: Optional[int] = None
+    # per-rollout values for the debugging dump (ROWS_ENV): filled by the loss when set to a dict
+    rows: Optional[dict] = None
 
 
 _GROUP_STATS: contextvars.ContextVar[Optional[GroupStats]] = contextvars.ContextVar("gapo_group_stats", default=None)
@@ -121,10 +134,29 @@ class GAPOActorLoss:
                 f"the actor's micro-batch has no {missing} fields: the GAPO trainer did not write them at "
                 "advantage time (is trainer.v1.trainer_mode=gapo?)"
             )
+        rows_dir = os.environ.get(ROWS_ENV)
         with group_stats_context(*(data[key] for key in STAT_KEYS), max_count=self.max_count) as stats:
+            if rows_dir:
+                stats.rows = {}
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
         metrics.update(Metric.from_dict(stats.sums, aggregation=AggregationType.SUM))
+        if rows_dir and stats.rows:
+            write_loss_rows(rows_dir, stats, data[STEP_KEY] if STEP_KEY in data.keys() else None)
         return loss, metrics
+
+
+def write_loss_rows(folder: str, stats: GroupStats, step: Optional[torch.Tensor]) -> None:
+    """Append one micro-batch's per-rollout loss values to folder/rank{r}.jsonl (see the module docstring)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    columns = {"c": stats.num_correct, "k": stats.group_size, "success": stats.success,
+               "step": step if step is not None else torch.zeros_like(stats.num_correct), **stats.rows}
+    values = {name: column.detach().reshape(-1).cpu().tolist() for name, column in columns.items()}
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"rank{rank}.jsonl"), "a") as out:
+        for i in range(len(values["c"])):
+            out.write(json.dumps({name: column[i] for name, column in values.items()}) + "\n")
 
 
 def _gapo_settings(config, mode: str) -> GAPOConfig:
@@ -197,6 +229,9 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
             parts += [table.reshape(-1), kr_table.reshape(-1)]
         ends = list(itertools.accumulate(p.numel() for p in parts))  # where each part ends (no host sync)
         flat = torch.cat(parts).tolist()
+    if stats.rows is not None:  # the debugging dump (ROWS_ENV): the same per-rollout values the sums add up
+        stats.rows.update(adaptive=adaptive, eps_high=eps_high, tokens=terms.tokens, clipped=terms.clipped_tokens,
+                          ratio_dev=terms.ratio_dev_sum, advantage=advantage_sum)
     metrics = dict(zip(("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"), flat[:3]))
     if settings.diagnostics:
         stats.sums.update(_named_sums(flat[3], flat[4], flat[ends[0]:ends[1]], flat[ends[1]:]))

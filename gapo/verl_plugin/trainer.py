@@ -51,6 +51,8 @@ from gapo.verl_plugin.losses import (
     GAPO_LOSS_MODES,
     GROUP_SIZE_KEY,
     NUM_CORRECT_KEY,
+    ROWS_ENV,
+    STEP_KEY,
     SUCCESS_KEY,
     SUMS_PREFIX,
     GAPOActorLoss,
@@ -175,8 +177,11 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
             max_response_length=self.config.data.max_response_length,
             sessions=self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GRPO,
         )
-        fields = TensorDict({NUM_CORRECT_KEY: stats.num_correct, GROUP_SIZE_KEY: stats.group_size,
-                             SUCCESS_KEY: stats.success.float()}, batch_size=len(batch))
+        columns = {NUM_CORRECT_KEY: stats.num_correct, GROUP_SIZE_KEY: stats.group_size,
+                   SUCCESS_KEY: stats.success.float()}
+        if os.environ.get(ROWS_ENV):  # the loss's per-row debugging dump names each row's step
+            columns[STEP_KEY] = torch.full((len(batch),), float(self.global_steps))
+        fields = TensorDict(columns, batch_size=len(batch))
         # kv_batch_put returns the handle that knows the new fields; the old one would silently lack them.
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         self._cover_group_sizes(int(stats.group_size.max().item()) if len(batch) else 0)
