@@ -64,13 +64,15 @@ def load_with_verl(files, tmp_path, max_prompt_length):
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
-    """One HF-rollout smoke run for the whole session (verl's trainer, ~100 s here): 2 steps with a checkpoint
-    each step and verl's rollout dump, then a resume that trains step 3. Shared by the trainer's end-to-end
-    checks (tests/test_trainer_e2e.py) and the evaluation of a real verl checkpoint (tests/test_eval.py), which
-    only read it. Returns run_smoke's dict plus ``out`` and ``rollout_dir``."""
-    from recipe.smoke import run_smoke
+    """One HF-rollout smoke run for the whole session, at the cluster shape: 2 FSDP ranks (verl's trainer, gloo;
+    ~2 min here). run1 trains 2 steps with a checkpoint each step, verl's rollout dump and GAPO's per-row loss dump
+    (GAPO_DEBUG_LOSS_ROWS), and is ended in step 3 by a SIGKILL of rank 1's worker; run2 resumes and trains step 3
+    (tests/cluster_runs.py). Shared by the trainer's end-to-end checks (tests/test_trainer_e2e.py,
+    tests/test_cluster_e2e.py) and the evaluation of a real verl checkpoint (tests/test_eval.py), which only read it.
+    Returns run_smoke's dict plus ``out``, ``rollout_dir``, ``rows_dir`` and ``kill``."""
+    from tests.cluster_runs import killed_then_resumed
 
     out = tmp_path_factory.mktemp("smoke")
-    rollout_dir = out / "rollouts"
-    result = run_smoke(out, steps=2, resume_steps=1, overrides=[f"trainer.rollout_data_dir={rollout_dir}"])
-    return {**result, "out": out, "rollout_dir": rollout_dir}
+    rollout_dir, rows_dir = out / "rollouts", out / "loss_rows"
+    result = killed_then_resumed(out, [f"trainer.rollout_data_dir={rollout_dir}"], rows_dir)
+    return {**result, "out": out, "rollout_dir": rollout_dir, "rows_dir": rows_dir}

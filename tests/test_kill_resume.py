@@ -41,9 +41,19 @@ from gapo.verl_plugin.trainer import GAPOTrainer
 from recipe.smoke import ROOT, prepare, run_command
 
 TRACKER = "latest_checkpointed_iteration.txt"
-MODEL = "model_world_size_1_rank_0.pt"
-ACTOR_FILES = {MODEL, "optim_world_size_1_rank_0.pt", "extra_state_world_size_1_rank_0.pt", "fsdp_config.json",
-               "huggingface/config.json"}
+
+
+def actor_files(world_size: int) -> set[str]:
+    """What verl 0.9.1's FSDP checkpoint manager writes into global_step_N/actor at `world_size`: one model,
+    optimizer and extra-state shard per rank, plus the FSDP and HF configs."""
+    shards = {f"{kind}_world_size_{world_size}_rank_{rank}.pt" for kind in ("model", "optim", "extra_state")
+              for rank in range(world_size)}
+    return shards | {"fsdp_config.json", "huggingface/config.json"}
+
+
+WORLD_SIZE = 1  # these runs: the smoke preset's one rank (world size 2: tests/test_cluster_e2e.py)
+MODEL = f"model_world_size_{WORLD_SIZE}_rank_0.pt"
+ACTOR_FILES = actor_files(WORLD_SIZE)
 
 
 # ------------------------------------------------------------------------------ the save, without Ray

@@ -1,5 +1,6 @@
-"""End to end on CPU: verl's real trainer (Ray, FSDP2 actor, HF rollout groups, reward, GAPO loss) trains two
-steps with a checkpoint each step, then a second run resumes from the checkpoint and trains step 3.
+"""End to end on CPU: verl's real trainer (Ray, FSDP2 actor at world size 2, HF rollout groups, reward, GAPO loss)
+trains two steps with a checkpoint each step, then a second run resumes from the checkpoint and trains step 3 (the
+first run ends in step 3, when one rank is killed: tests/cluster_runs.py, checked in tests/test_cluster_e2e.py).
 The same code path as `make smoke` (recipe/smoke.py), asserted in more detail.
 
 The GAPO metrics are checked against an independent computation from verl's own rollout dump
@@ -78,9 +79,11 @@ def test_two_steps_checkpoint_then_resume(smoke):
     assert sorted(smoke["run1"]) == [1, 2] and sorted(smoke["run2"]) == [3]
     ckpt = smoke["ckpt_dir"]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    world = smoke["world_size"]  # the session's run trains at the cluster shape (tests/cluster_runs.py)
     for step in (1, 2, 3):
-        assert (ckpt / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt").exists()
-    log = (ckpt.parent / "logs" / "run2.log").read_text()
+        for rank in range(world):
+            assert (ckpt / f"global_step_{step}" / "actor" / f"model_world_size_{world}_rank_{rank}.pt").exists()
+    log = (ckpt.parent / "logs" / "run2.log").read_text(errors="replace")
     assert f"Resuming from {ckpt}/global_step_2, setting global step to 2" in log
     assert "Loaded model from" in log and "Loaded optimizer from" in log
 
