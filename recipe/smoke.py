@@ -38,9 +38,9 @@ from gapo.supervisor import SupervisedRun, SupervisedRunError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# CPU platform for verl (gapo.cpu): selected in the driver and inherited by every Ray worker.
-CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "TOKENIZERS_PARALLELISM": "false",
-           "RAY_DEDUP_LOGS": "0", "WANDB_MODE": "offline"}
+# Every smoke run's environment (inherited by every Ray worker); CPU_ENV adds the CPU platform for verl (gapo.cpu).
+RUN_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0", "WANDB_MODE": "offline"}
+CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", **RUN_ENV}
 
 
 # The rollout engines the smoke run can use: hydra overrides that select each (hf: the preset's default).
@@ -74,14 +74,15 @@ def shape_overrides(ranks: int = 1, nodes: int = 1) -> list[str]:
 
 
 def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
-                cluster=None) -> tuple[list[str], dict, Path, Path]:
+                cluster=None, platform_env: dict = CPU_ENV) -> tuple[list[str], dict, Path, Path]:
     """(command, environment, metrics file, log file) of one training run, as `train` starts it (with cwd ROOT).
     With `cluster` (a started gapo.local_cluster.LocalRayCluster) the command is launch/submit.sh against it.
+    `platform_env`: CPU_ENV (the CPU platform), or RUN_ENV on GPUs (recipe.gpu_check).
     Also used by tests that start the run themselves (tests/test_kill_resume.py kills it)."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     metrics_file, log_file = logs / f"{run}.jsonl", logs / f"{run}.log"
-    env = {**os.environ, **CPU_ENV, "GAPO_SMOKE_DIR": str(out), "VERL_FILE_LOGGER_PATH": str(metrics_file)}
+    env = {**os.environ, **platform_env, "GAPO_SMOKE_DIR": str(out), "VERL_FILE_LOGGER_PATH": str(metrics_file)}
     args = [f"trainer.total_training_steps={total_steps}", *overrides]
     if cluster is None:
         return [sys.executable, "-m", "recipe.main_gapo", "--config-name", "smoke_cpu", *args], env, metrics_file, \
@@ -91,18 +92,19 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
     bin_dir = Path(sys.executable).parent
     env.update(cluster.auth, RAY_ADDRESS=cluster.dashboard_url, JOB_PYTHON=sys.executable, PYTHON=sys.executable,
                RAY=str(bin_dir / "ray"), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-               EXTRA_ENV=" ".join(f"{k}={v}" for k, v in CPU_ENV.items()),
+               EXTRA_ENV=" ".join(f"{k}={v}" for k, v in platform_env.items()),
                JOB_ID=f"gapo-smoke-{run}-{os.getpid()}-{int(time.time())}")
     return ["bash", str(ROOT / "launch" / "submit.sh"), "smoke_cpu", *args], env, metrics_file, log_file
 
 
 def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S,
-          cluster=None) -> dict:
+          cluster=None, extra_env: dict | None = None, platform_env: dict = CPU_ENV) -> dict:
     """One supervised training run, in its own session and Ray temp dir (or submitted to `cluster`). Returns
     {"metrics_file", "wall_s", "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the
     log's tail (or the rollout server's error) on failure. The peak memory of a submitted run is that of submit.sh
     plus the peak of the whole cluster's processes (the job runs in the cluster's nodes, idle Ray included)."""
-    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides, cluster)
+    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides, cluster, platform_env)
+    env.update(extra_env or {})
     # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
     ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
     if cluster is None:
