@@ -8,6 +8,8 @@
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
 #                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm); RANKS=2: 2 FSDP ranks
 #                  (gloo); NODES=2: a local 2-node Ray cluster, the runs submitted with launch/submit.sh (docs/cluster.md)
+#   make gpu-check on a GPU node, after make install-gpu: a few GAPO and GSPO steps on one GPU with vLLM; prints the
+#                  step-time ratio, peak GPU memory and the rollout/actor log-prob gap (GPU_CHECK_ARGS e.g. "--model DIR")
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
 #                  code-reward parsing per KB and a hostile batch; peak memory preparing LCB rows of 60 MB tests)
@@ -60,7 +62,7 @@ PLOT ?= runs/eval/compare.png
 # be installed stop `make` (and fail their tests); GAPO_ALLOW_MISSING_TOOLS=1 is the explicit opt-out (skips).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
+.PHONY: gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -133,6 +135,12 @@ test-vllm: install-vllm
 
 test-fast: install
 	$(PY) -m pytest tests --ignore=tests/vllm -m "not slow"
+
+# the GPU install's environment (make install-gpu), never the CPU one: no install step here
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@test -x $(PY) || { echo "ERROR: no $(PY): run make install-gpu on this GPU node first"; exit 1; }
+	$(PY) -m recipe.gpu_check $(GPU_CHECK_ARGS)
 
 # ROLLOUT=vllm: verl's real vLLM rollout, in the vLLM CPU environment (make install-vllm; its own SMOKE_DIR);
 # RANKS=R FSDP ranks per node, NODES=N nodes of a local Ray cluster (each shape its own SMOKE_DIR)

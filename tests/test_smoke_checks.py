@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.smoke import SmokeCheckError, check
+from recipe.smoke import SmokeCheckError, check, shape_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,14 +19,48 @@ def _step(mixed=0.5, lo=0.03, hi=0.05, clip=0.2, loss_eps=True, logp_gap=3e-8):
     return m
 
 
+def _shards(root: Path, world_size: int, skip=()):
+    """Each step's per-rank files as verl 0.9.1 writes them (minus `skip`)."""
+    for step in (1, 2, 3):
+        actor = root / f"global_step_{step}" / "actor"
+        actor.mkdir(parents=True, exist_ok=True)
+        for rank in range(world_size):
+            for kind in ("model", "optim", "extra_state"):
+                name = f"{kind}_world_size_{world_size}_rank_{rank}.pt"
+                if (step, name) not in skip:
+                    (actor / name).write_bytes(b"")
+
+
 @pytest.fixture
 def ckpt(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    _shards(tmp_path, 1)
     return tmp_path
 
 
 def test_a_good_run_passes(ckpt):
     check({1: _step(), 2: _step()}, {3: _step()}, 2, 1, ckpt)
+
+
+def test_a_run_at_world_size_2_needs_every_ranks_shard(tmp_path):
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    _shards(tmp_path, 2, skip={(2, "optim_world_size_2_rank_1.pt")})
+    with pytest.raises(SmokeCheckError, match=r"checkpoint of step 2 lacks \['optim_world_size_2_rank_1.pt'\]"):
+        check({1: _step(), 2: _step()}, {3: _step()}, 2, 1, tmp_path, world_size=2)
+    _shards(tmp_path, 2)
+    check({1: _step(), 2: _step()}, {3: _step()}, 2, 1, tmp_path, world_size=2)
+    with pytest.raises(SmokeCheckError, match="world size 4: one shard per rank"):  # shards of another size
+        check({1: _step(), 2: _step()}, {3: _step()}, 2, 1, tmp_path, world_size=4)
+
+
+def test_shape_overrides():
+    assert shape_overrides() == ["trainer.nnodes=1", "trainer.n_gpus_per_node=1", "ray_kwargs.ray_init.num_gpus=1"]
+    assert shape_overrides(ranks=2) == ["trainer.nnodes=1", "trainer.n_gpus_per_node=2",
+                                        "ray_kwargs.ray_init.num_gpus=2"]
+    # a cluster has its GPUs from `ray start`; submit.sh nulls ray_init's
+    assert shape_overrides(ranks=1, nodes=2) == ["trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
+    with pytest.raises(SmokeCheckError, match="at least 1"):
+        shape_overrides(ranks=0)
 
 
 @pytest.mark.parametrize(
