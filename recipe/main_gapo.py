@@ -8,6 +8,7 @@ gapo.verl_plugin.preflight, before GPU time is spent); the training loop is verl
 
 import os
 import sys
+import traceback
 
 import hydra
 import ray
@@ -16,6 +17,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from gapo.verl_plugin.lost_members import explain, lost_members
 from gapo.verl_plugin.preflight import PreflightError, check_cluster_gpus, run_driver_checks
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
 
@@ -49,6 +51,14 @@ def main(config):
     except PreflightError as err:  # from the task runner it arrives as a RayTaskError that is a PreflightError
         problems = getattr(err, "cause", err)
         sys.exit(f"GAPO preflight failed (GAPO_SKIP_PREFLIGHT=data,model,checkpoint,gpu skips checks):\n{problems}")
+    except Exception as err:
+        # a lost node or killed worker often surfaces as a survivor's error (gloo's "Connection closed by peer"):
+        # ask Ray what died and say so (gapo/verl_plugin/lost_members.py); the task runner itself may be the one lost
+        found = lost_members(err) if ray.is_initialized() else []
+        if not found:
+            raise
+        traceback.print_exc()
+        sys.exit(f"GAPO: {explain(err, found)}")
 
 
 if __name__ == "__main__":

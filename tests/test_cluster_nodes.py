@@ -101,8 +101,11 @@ def test_a_lost_node_ends_the_job_within_a_bound_naming_what_died(lost_node):
     assert lost_node["ended_s"] < END_BOUND_S, lost_node["ended_s"]
     log = lost_node["run1_log"]
     assert "FAILED" in log
-    assert any(name in log for name in ("ActorDiedError", "NodeDiedError", "node has died", "RayActorError")), \
-        log[-4000:]
+    # the survivor's error (gloo: "Connection closed by peer") is explained by what Ray reports dead
+    # (gapo/verl_plugin/lost_members.py): the lost node, by address
+    assert "the run lost members of its Ray cluster: " in log, log[-4000:]
+    explained = log[log.index("the run lost members of its Ray cluster: "):]
+    assert "node " in explained.split("Training stopped")[0] and "resume" in explained
 
 
 @pytest.mark.slow
