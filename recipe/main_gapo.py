@@ -17,7 +17,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
-from gapo.verl_plugin.lost_members import explain, lost_members
+from gapo.verl_plugin.lost_members import NodeWatchdog, explain, lost_members
 from gapo.verl_plugin.preflight import PreflightError, check_cluster_gpus, run_driver_checks
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
 
@@ -47,6 +47,7 @@ def main(config):
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     try:
         run_driver_checks(config)  # data files, data_source values, model path, resume's world size: before Ray
+        NodeWatchdog().start()  # a node lost mid-run ends the run, named, instead of a wait for its rollouts
         run_ppo(config, task_runner_class=GAPOTaskRunner)
     except PreflightError as err:  # from the task runner it arrives as a RayTaskError that is a PreflightError
         problems = getattr(err, "cause", err)

@@ -48,3 +48,17 @@ def test_the_wait_is_bounded():
     query, calls = _queries(([ALIVE], []))
     err = RuntimeError("Connection reset by peer")
     assert lost_members(err, wait_s=0.0, query=query, sleep=lambda s: None) == []
+
+
+def test_the_watchdog_ends_the_run_when_a_node_it_saw_alive_dies(capsys):
+    from gapo.verl_plugin.lost_members import NodeWatchdog
+
+    answers = [[ALIVE, {**DEAD, "Alive": True}], [ALIVE, {**DEAD, "Alive": True}], [ALIVE, DEAD]]
+    exits = []
+    dog = NodeWatchdog(every_s=0, exit=exits.append, nodes=lambda: answers.pop(0))
+    dog.run()  # in this thread: polls until the second node is dead, then "exits"
+    assert exits == [1] and answers == []
+    err = capsys.readouterr().err
+    assert "GAPO: the run lost members of its Ray cluster: node bbbbbbbbbbbb at 10.0.0.2" in err
+    # a node that was never seen alive (dead before the run) is not the run's loss
+    assert NodeWatchdog(nodes=lambda: [ALIVE, DEAD]).check(set()) == []

@@ -13,7 +13,10 @@ other error is looked up once, without waiting.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import threading
 import time
 
 # errors that a dead node or worker causes in the survivors (Ray's own, gloo's and NCCL's)
@@ -83,10 +86,53 @@ def lost_members(error: BaseException, wait_s: float = DEFAULT_WAIT_S, query=_qu
         sleep(2.0)
 
 
-def explain(error: BaseException, found: list[str]) -> ClusterMemberLost:
+def explain(error: BaseException | None, found: list[str]) -> ClusterMemberLost:
+    first = ""
+    if error is not None:
+        text = str(error).strip()
+        first = f" First error: {type(error).__name__}: {text.splitlines()[-1][:300] if text else ''}"
     return ClusterMemberLost(
         "the run lost members of its Ray cluster: " + "; ".join(found)
         + ". Training stopped; the last complete checkpoint is intact. Fix: bring the node back (or replace it) so "
         "that the cluster has trainer.nnodes x trainer.n_gpus_per_node GPUs again, then start the same command: "
-        f"trainer.resume_mode=auto resumes from the last checkpoint. First error: {type(error).__name__}: "
-        f"{str(error).strip().splitlines()[-1][:300] if str(error).strip() else ''}")
+        "trainer.resume_mode=auto resumes from the last checkpoint." + first)
+
+
+class NodeWatchdog(threading.Thread):
+    """Ends the driver when a node of its Ray cluster dies during the run.
+
+    Why: a node lost while verl waits for rollouts leaves the trainer waiting forever (measured: a raylet SIGKILLed
+    during generation; Ray marked the node dead after ~16 s and verl's agent loop kept polling). Every `every_s` the
+    thread compares `ray.nodes()` with the nodes seen alive before; when one of them is dead it prints
+    :func:`explain`'s message and exits the process with status 1 (Ray then stops the job's actors)."""
+
+    def __init__(self, every_s: float = 5.0, exit=os._exit, nodes=None):
+        super().__init__(name="gapo-node-watchdog", daemon=True)
+        self.every_s, self._exit, self._nodes = every_s, exit, nodes
+
+    def _query(self) -> list[dict]:
+        if self._nodes is not None:
+            return self._nodes()
+        import ray
+
+        return ray.nodes() if ray.is_initialized() else []
+
+    def check(self, seen: set[str]) -> list[str]:
+        """One poll: the messages of nodes in `seen` that are dead now (and `seen` grows by the living ones)."""
+        try:
+            nodes = self._query()
+        except Exception:  # noqa: BLE001  (GCS briefly unreachable): look again next time
+            return []
+        lost = dead_nodes([n for n in nodes if n.get("NodeID") in seen and not n.get("Alive", True)])
+        seen.update(n["NodeID"] for n in nodes if n.get("Alive", True) and "NodeID" in n)
+        return lost
+
+    def run(self) -> None:
+        seen: set[str] = set()
+        while True:
+            lost = self.check(seen)
+            if lost:
+                print(f"GAPO: {explain(None, lost)}", file=sys.stderr, flush=True)
+                self._exit(1)
+                return
+            time.sleep(self.every_s)
