@@ -8,10 +8,9 @@
 Each node is ``ray start --block`` in its own session under :class:`gapo.supervisor.SupervisedRun` (its own marker),
 exactly as on a real cluster: the head (GCS, dashboard and job server, a raylet) and workers that join it by
 address; every node has its own ports, temp dir and logical resources (``--num-gpus``: the CPU platform's
-logical GPUs, ``--num-cpus``: logical CPUs for verl's many actors). A worker node's ``--temp-dir`` must be the
-head's in Ray 2.60 (one session folder per machine), so the nodes share it. Only the processes of these nodes are
-ever stopped (never ``ray stop``, which would take every Ray cluster of the machine down). measured facts:
-docs/cluster.md.
+logical GPUs, ``--num-cpus``: logical CPUs for verl's many actors); the nodes share one short temp dir of their
+own. Only the processes of these nodes are ever stopped (never ``ray stop``, which would take every Ray cluster of
+the machine down). Measured facts: docs/cluster.md.
 """
 
 from __future__ import annotations

@@ -130,6 +130,13 @@ def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s
             "session": supervised.proc.pid, "marker": (supervised.marker_env, supervised.token), "ray_tmp": ray_tmp}
 
 
+def logged_steps(path: Path) -> list[int]:
+    """Steps logged so far in verl's file-logger jsonl (complete lines only: the run may be writing), [] before any."""
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
 def read_metrics(path: Path) -> dict[int, dict]:
     """{step: metrics} from verl's file logger."""
     if not path.exists():

@@ -11,7 +11,6 @@ tests/test_eval.py). The run is ``make smoke RANKS=2`` with a failure in the mid
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -20,7 +19,8 @@ from pathlib import Path
 import psutil
 
 from gapo.supervisor import SupervisedRun, SupervisedRunError
-from recipe.smoke import ROOT, SmokeCheckError, prepare, read_metrics, run_command, shape_overrides, train
+from recipe.smoke import (ROOT, SmokeCheckError, logged_steps, prepare, read_metrics, run_command, shape_overrides,
+                          train)
 
 RANKS = 2
 STEPS, TOTAL_STEPS = 2, 3  # steps before the kill; steps in all
@@ -42,12 +42,6 @@ def actor_workers(run: SupervisedRun) -> dict[int, psutil.Process]:
     return workers
 
 
-def _logged_steps(metrics_file: Path) -> list[int]:
-    if not metrics_file.exists():
-        return []
-    return [json.loads(line)["step"] for line in metrics_file.read_text().splitlines() if line.endswith("}")]
-
-
 def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict:
     """Runs 1 and 2 above; returns run_smoke's dict (run1, run2, ckpt_dir, runs, world_size) plus "kill": the killed
     rank, its pid, the rank 0 pid, seconds from the kill to run1's exit, run1's exit code and log, run2's log."""
@@ -62,7 +56,7 @@ def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict
                         timeout_s=RUN_TIMEOUT_S, grace_s=END_BOUND_S)
     started = time.time()
     try:
-        while STEPS not in _logged_steps(metrics_file):
+        while STEPS not in logged_steps(metrics_file):
             if run.proc.poll() is not None or time.time() - started > RUN_TIMEOUT_S:
                 raise SmokeCheckError(f"run1 ended or hung before step {STEPS}:\n{run.log_text()[-4000:]}")
             time.sleep(0.2)

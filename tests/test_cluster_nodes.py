@@ -14,26 +14,19 @@ Only this test's Ray processes are touched (its own sessions, markers and temp d
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from gapo.local_cluster import LocalRayCluster
 from gapo.supervisor import SupervisedRun, SupervisedRunError
-from recipe.smoke import CPU_ENV, ROOT, missing_shards, prepare, read_metrics, run_command, shape_overrides
+from recipe.smoke import (CPU_ENV, ROOT, logged_steps, missing_shards, prepare, read_metrics, run_command,
+                          shape_overrides)
 
 NODES, TOTAL_STEPS, STEPS_BEFORE = 2, 3, 2
 END_BOUND_S = 300  # a job that lost a node must end within this (Ray declares the node dead after ~16 s here)
 RUN_TIMEOUT_S = 900
-
-
-def _steps(metrics_file: Path) -> list[int]:
-    if not metrics_file.exists():
-        return []
-    return [json.loads(line)["step"] for line in metrics_file.read_text().splitlines() if line.endswith("}")]
 
 
 def _node_workers(cluster: LocalRayCluster, index: int) -> list[int]:
@@ -60,7 +53,7 @@ def lost_node(tmp_path_factory):
         run1 = SupervisedRun(cmd, env1, log1, cwd=ROOT, timeout_s=RUN_TIMEOUT_S, watch_patterns=False)
         started = time.time()
         try:
-            while STEPS_BEFORE not in _steps(metrics1):
+            while STEPS_BEFORE not in logged_steps(metrics1):
                 if run1.proc.poll() is not None or time.time() - started > RUN_TIMEOUT_S:
                     pytest.fail(f"run1 ended or hung before step {STEPS_BEFORE}:\n{run1.log_text()[-4000:]}")
                 time.sleep(0.2)
@@ -73,13 +66,13 @@ def lost_node(tmp_path_factory):
             except SupervisedRunError as err:
                 pytest.fail(f"run1 did not end after node 1 was lost: {err}")
             result.update(run1_exit=rc, ended_s=time.time() - killed_at, run1_log=run1.log_text(),
-                          run1_steps=_steps(metrics1))
+                          run1_steps=logged_steps(metrics1))
         finally:
             run1.kill()
         cluster.restart_node(1)  # a replacement node joins the cluster
         cmd, env2, metrics2, log2 = run_command(out, "run2", TOTAL_STEPS, overrides, cluster)
         run2 = SupervisedRun(cmd, env2, log2, cwd=ROOT, timeout_s=RUN_TIMEOUT_S)
-        result.update(run2_exit=run2.wait().returncode, run2_log=run2.log_text(), run2_steps=_steps(metrics2),
+        result.update(run2_exit=run2.wait().returncode, run2_log=run2.log_text(), run2_steps=logged_steps(metrics2),
                       run2_metrics=read_metrics(metrics2) if metrics2.exists() else {})
         result["cluster_processes"] = cluster.processes
     result["wall_s"] = time.time() - started

@@ -92,3 +92,12 @@ def test_project_packages_win_over_the_ones_verl_installs():
 
     assert Path(tests.__file__).resolve().parent == ROOT / "tests"
     assert Path(recipe.__file__).resolve().parent == ROOT / "recipe"
+
+
+def test_logged_steps_reads_complete_lines_only(tmp_path):
+    from recipe.smoke import logged_steps
+
+    path = tmp_path / "run1.jsonl"
+    assert logged_steps(path) == []  # before the first step
+    path.write_text('{"step": 1, "data": {}}\n{"step": 2, "data": {}}\n{"step": 3, "da')  # step 3 being written
+    assert logged_steps(path) == [1, 2]
