@@ -59,7 +59,12 @@ class LocalRayCluster:
         self.env = {**{k: v for k, v in env.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}, **self.auth}
         self.root = Path(root)
         self.ray = ray or str(Path(sys.executable).with_name("ray"))
-        # Ray's socket paths must fit 107 bytes: a short temp dir of its own, removed with the cluster
+        # Ray's socket paths must fit 107 bytes: a short temp dir of its own, removed with the cluster; each node
+        # gets its own below it (`ray start --temp-dir` is per node), as each machine of a real cluster has its own
+        # disk: nodes sharing one runtime_resources/working_dir_files race, a node whose runtime-env agent lacks a
+        # job's package in its cache deletes and unpacks it again (Ray 2.60, overwrite=True) under a job driver
+        # that runs there (seen once in CI with one shared dir: a resumed job's driver died at start with "oneMKL
+        # FATAL ERROR: Cannot load libtorch_cpu.so", the error of a process whose working directory was removed)
         self.temp_dir = tempfile.mkdtemp(prefix="glc-", dir="/tmp")
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         self.runs: dict[int, SupervisedRun] = {}
@@ -79,7 +84,7 @@ class LocalRayCluster:
 
     def _command(self, index: int) -> list[str]:
         cmd = [self.ray, "start", "--block", "--disable-usage-stats", f"--node-ip-address={self.ip}",
-               f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}", f"--temp-dir={self.temp_dir}",
+               f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}", f"--temp-dir={self.temp_dir}/n{index}",
                f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
                f"--metrics-export-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
                f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]

@@ -11,7 +11,11 @@ tests/test_eval.py). The run is ``make smoke RANKS=2`` with a failure in the mid
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -86,3 +90,109 @@ def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict
                  "exit_code": exit_code, "log": log_file.read_text(errors="replace"),
                  "run2_log": (out / "logs" / "run2.log").read_text(errors="replace")},
     }
+
+
+NODES = 2
+NODE_END_BOUND_S = 300  # a job that lost a node must end within this (Ray declares the node dead after ~16 s here)
+# run1's distinctive overrides, checked in its printed config (tests/test_launch.py): 16 prompts in batches of 8 make
+# steps 1-2 epoch 0, so run2's resume from step 2 lands exactly on the epoch boundary (verl #5725/#7401)
+LAUNCH_OVERRIDES = ["data.train_max_samples=16", "trainer.experiment_name=launch_e2e"]
+
+
+def _node_workers(cluster, index: int) -> list[int]:
+    """pids of verl's actor workers (WorkerDict) among node `index`'s processes."""
+    pids = []
+    for proc in cluster.runs[index].processes():
+        try:
+            if proc.name().startswith("ray::WorkerDict"):
+                pids.append(proc.pid)
+        except psutil.Error:  # a process that just ended
+            continue
+    return pids
+
+
+def _ray_job(env: dict, *args: str) -> str:
+    """stdout of `ray job <args>` against the run's cluster (its address and token are in `env`)."""
+    proc = subprocess.run([env["RAY"], "job", *args, "--address", env["RAY_ADDRESS"]], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    return proc.stdout
+
+
+def _job_status(env: dict, job_id: str) -> str:
+    """The job's status word (launch/ray_job.py status: PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "ray_job.py"), "status", "--address",
+                           env["RAY_ADDRESS"], job_id], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    return proc.stdout.strip() or f"unknown ({proc.stderr.strip()[-300:]})"
+
+
+def lost_node_then_resumed(out: Path) -> dict:
+    """A local 2-node Ray cluster (gapo.local_cluster, one logical GPU per raylet), the smoke preset at
+    `trainer.nnodes=2 trainer.n_gpus_per_node=1` submitted with launch/submit.sh as on a real cluster:
+
+    1. run1 (3 steps planned, a checkpoint each, followed by submit.sh) places an actor worker on each node and
+       trains steps 1 and 2; in step 3 the second node's raylet is SIGKILLed (a lost machine). The job must end by
+       itself, FAILED, naming the lost node, and submit.sh must exit non-zero;
+    2. the node is started again (a replacement joins) and run2, submitted with `--no-wait` and then polled,
+       resumes from step 2 and trains step 3.
+    Used by tests/test_cluster_nodes.py and tests/test_launch.py (conftest's ``lost_node``). Only this run's Ray
+    processes are touched (its own sessions, markers and temp dir; never `ray stop`)."""
+    from gapo.local_cluster import LocalRayCluster
+    from recipe.smoke import CPU_ENV
+
+    out = out.resolve()
+    prepare(out)
+    overrides = [*shape_overrides(ranks=1, nodes=NODES), *LAUNCH_OVERRIDES]
+    env = {**os.environ, **CPU_ENV, "GAPO_SMOKE_DIR": str(out)}
+    result = {"out": out, "ckpt": out / "checkpoints"}
+    started = time.time()
+    with LocalRayCluster(NODES, 1, env, out / "logs" / "cluster") as cluster:
+        cmd, env1, metrics1, log1 = run_command(out, "run1", TOTAL_STEPS, overrides, cluster)
+        run1 = SupervisedRun(cmd, env1, log1, cwd=ROOT, timeout_s=RUN_TIMEOUT_S, watch_patterns=False)
+        try:
+            while STEPS not in logged_steps(metrics1):
+                if run1.proc.poll() is not None or time.time() - started > RUN_TIMEOUT_S:
+                    raise SmokeCheckError(f"run1 ended or hung before step {STEPS}:\n{run1.log_text()[-4000:]}")
+                time.sleep(0.2)
+            result["workers"] = {i: _node_workers(cluster, i) for i in range(NODES)}
+            time.sleep(KILL_AFTER_S)  # into step 3
+            result["raylet_pid"] = cluster.kill_raylet(1)
+            killed_at = time.time()
+            try:
+                rc = run1.wait().returncode
+            except SupervisedRunError as err:
+                raise SmokeCheckError(f"run1 did not end after node 1 was lost: {err}") from None
+            # what submit.sh followed, plus the job's whole log from Ray: a followed stream can miss lines (seen:
+            # the printed config), so assertions on the log's content read both
+            result.update(run1_exit=rc, ended_s=time.time() - killed_at, run1_steps=logged_steps(metrics1),
+                          run1_log=run1.log_text() + _ray_job(env1, "logs", env1["JOB_ID"]),
+                          run1_metrics=read_metrics(metrics1))
+        finally:
+            run1.kill()
+        cluster.restart_node(1)  # a replacement node joins the cluster
+        cmd, env2, metrics2, log2 = run_command(out, "run2", TOTAL_STEPS, overrides, cluster)
+        cmd = [*cmd[:2], "--no-wait", *cmd[2:]]
+        del env2["JOB_ID"]  # submit.sh's own submission id (gapo-<experiment>-<date>-<random>)
+        submitted = SupervisedRun(cmd, env2, log2, cwd=ROOT, timeout_s=120).wait()
+        submit_log = log2.read_text(errors="replace")
+        found = re.search(r"^submitted job: (\S+)$", submit_log, flags=re.MULTILINE)
+        result.update(run2_submit_exit=submitted.returncode, run2_submit_log=submit_log,
+                      run2_job_id=found.group(1) if found else None)
+        status, logs = "NOT SUBMITTED", ""
+        if submitted.returncode == 0 and found:
+            deadline = time.time() + RUN_TIMEOUT_S
+            while (status := _job_status(env2, found.group(1))) in ("PENDING", "RUNNING") and time.time() < deadline:
+                time.sleep(2)
+            logs = _ray_job(env2, "logs", found.group(1))
+        result.update(run2_status=status, run2_log=logs,
+                      run2_steps=logged_steps(metrics2),
+                      run2_metrics=read_metrics(metrics2) if metrics2.exists() else {})
+        # each node unpacked the job's code in its own runtime_resources (a machine's own disk; see local_cluster)
+        result["unpacked"] = {i: sorted(p.name for p in Path(cluster.temp_dir, f"n{i}").glob(
+            "session_*/runtime_resources/working_dir_files/_ray_pkg_*") if p.is_dir()) for i in range(NODES)}
+        cluster_processes = cluster.processes
+    result["wall_s"] = time.time() - started
+    result["left"] = cluster_processes()
+    print(f"\n[nodes] 2-node run: node 1 lost in step 3, job ended after {result['ended_s']:.1f} s; "
+          f"whole run {result['wall_s']:.0f} s")
+    return result

@@ -76,3 +76,14 @@ def smoke_run(tmp_path_factory):
     rollout_dir, rows_dir = out / "rollouts", out / "loss_rows"
     result = killed_then_resumed(out, [f"trainer.rollout_data_dir={rollout_dir}"], rows_dir)
     return {**result, "out": out, "rollout_dir": rollout_dir, "rows_dir": rows_dir}
+
+
+@pytest.fixture(scope="session")
+def lost_node(tmp_path_factory):
+    """One submitted 2-node run for the whole session (tests/cluster_runs.py's lost_node_then_resumed, ~3 min): a
+    local 2-raylet Ray cluster, the smoke preset at trainer.nnodes=2 submitted with launch/submit.sh; node 1's raylet
+    is killed in step 3, the node restarted, and a second job (--no-wait) resumes from step 2 at the epoch boundary.
+    Read by tests/test_cluster_nodes.py (the lost node) and tests/test_launch.py (submission end to end)."""
+    from tests.cluster_runs import lost_node_then_resumed
+
+    return lost_node_then_resumed(tmp_path_factory.mktemp("nodes"))

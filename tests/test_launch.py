@@ -8,19 +8,17 @@ import importlib.util
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from recipe.smoke import missing_shards
 from tests.conftest import missing_tool
 import yaml
 
@@ -339,126 +337,42 @@ def test_slurm_cancel_stops_the_job_and_the_cluster(fake_slurm):
 
 
 # --------------------------------------------------------------------------------------- real Ray cluster
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A Ray head on this machine, as users start one: `ray start --head` with logical 16 CPUs and 1 GPU (the CPU
-    preset's resources), token auth with a fresh token, its own ports and temp dir. Torn down whatever happens:
-    the `ray start --block` process stops its Ray processes on SIGTERM; any survivor among its descendants
-    (job drivers run in their own sessions) is killed by pid. `ray stop --force` is not used: it would also
-    end every other Ray on the machine."""
-    tmp = Path(tempfile.mkdtemp(prefix="gl_", dir="/tmp"))  # short: Ray's unix socket paths are length-limited
-    gcs, dash, *other = _free_ports(9)
-    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
-    names = ["ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-             "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port"]
-    cmd = [str(VENV_BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-           "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=16", "--num-gpus=1",
-           *[f"--{name}={port}" for name, port in zip(names, other)],
-           f"--temp-dir={tmp / 'ray'}", "--disable-usage-stats", "--block"]
-    with open(tmp / "ray_start.log", "w") as log:  # the child keeps its own descriptor
-        head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
-    try:
-        deadline = time.time() + 90
-        while _run([VENV_BIN / "ray", "job", "list", "--address", address], env).returncode != 0:
-            if head.poll() is not None or time.time() > deadline:
-                pytest.fail(f"Ray head did not come up:\n{(tmp / 'ray_start.log').read_text()[-3000:]}")
-            time.sleep(1)
-        yield {"address": address, "env": env, "tmp": tmp}
-    finally:
-        try:
-            procs = psutil.Process(head.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            procs = []
-        head.terminate()
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for proc in alive:
-            proc.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _metrics(path: Path) -> dict[int, dict]:
-    return {row["step"]: row["data"] for row in map(json.loads, path.read_text().splitlines())}
-
-
-def _job_status(cluster, job_id) -> str:
-    return _run([sys.executable, LAUNCH / "ray_job.py", "status", "--address", cluster["address"], job_id],
-                cluster["env"]).stdout.strip()
-
-
-@pytest.fixture(scope="module")
-def two_jobs(ray_cluster):
-    """Run 1 (followed): 2 steps = one epoch of 16 prompts in batches of 8, checkpoint at step 2. Run 2
-    (--no-wait, then polled): 3 steps, resumes from step 2, exactly at the epoch boundary."""
-    from recipe.smoke import prepare
-
-    smoke = ray_cluster["tmp"] / "smoke"
-    prepare(smoke)
-    overrides = ["data.train_max_samples=16", "trainer.experiment_name=launch_e2e"]  # distinctive
-    cpu = "VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda"
-    env = {**ray_cluster["env"], "RAY_ADDRESS": ray_cluster["address"], "GAPO_SMOKE_DIR": str(smoke)}
-
-    first = _run([SUBMIT, "smoke_cpu", "trainer.total_training_steps=2", *overrides],
-                 {**env, "EXTRA_ENV": f"{cpu} VERL_FILE_LOGGER_PATH={smoke}/run1.jsonl"}, timeout=600)
-    assert first.returncode == 0, f"run 1 failed:\n{first.stdout[-4000:]}\n{first.stderr[-2000:]}"
-    # What `submit.sh` followed, plus the job's whole log from Ray: a followed stream can miss lines (seen:
-    # the printed config), so assertions on the log's content read the stored copy.
-    first_id = re.search(r"^submitted job: (\S+)$", first.stdout, flags=re.MULTILINE).group(1)
-    log1 = first.stdout + _run([VENV_BIN / "ray", "job", "logs", "--address", ray_cluster["address"], first_id],
-                               env).stdout
-
-    second = _run([SUBMIT, "--no-wait", "smoke_cpu", "trainer.total_training_steps=3", *overrides],
-                  {**env, "EXTRA_ENV": f"{cpu} VERL_FILE_LOGGER_PATH={smoke}/run2.jsonl"}, timeout=120)
-    assert second.returncode == 0, second.stderr
-    job_id = re.search(r"^submitted job: (\S+)$", second.stdout, flags=re.MULTILINE).group(1)
-    deadline = time.time() + 600
-    while (status := _job_status(ray_cluster, job_id)) in ("PENDING", "RUNNING") and time.time() < deadline:
-        time.sleep(2)
-    logs = _run([VENV_BIN / "ray", "job", "logs", "--address", ray_cluster["address"], job_id], env).stdout
-    assert status == "SUCCEEDED", f"run 2: {status}\n{logs[-4000:]}"
-    return {"smoke": smoke, "ckpt": smoke / "checkpoints", "log1": log1, "log2": logs,
-            "run1": _metrics(smoke / "run1.jsonl"), "run2": _metrics(smoke / "run2.jsonl")}
+# End to end: the session's submitted 2-node run (conftest's ``lost_node``, tests/cluster_runs.py), which
+# tests/test_cluster_nodes.py also reads: a `ray start` cluster with token auth, run1 followed by submit.sh (it lost a
+# node in step 3 and FAILED), run2 submitted with --no-wait and polled, resuming at the epoch boundary.
 
 
 @pytest.mark.slow
-def test_overrides_from_the_submit_command_line_reach_the_trainer(two_jobs):
-    log = two_jobs["log1"]
-    assert re.search(r"submitted job: gapo-smoke_cpu-\d{8}-\d{6}-\d+", log)
+def test_overrides_from_the_submit_command_line_reach_the_trainer(lost_node):
+    log = lost_node["run1_log"]
     # the trainer's resolved config (printed by verl's task runner) and what it did with it
     assert "'experiment_name': 'launch_e2e'" in log and "'train_max_samples': 16" in log
-    assert "'total_training_steps': 2" in log
-    assert "train dataset size: 16" in log and "Total training steps: 2" in log
+    assert "'total_training_steps': 3" in log and "'nnodes': 2" in log
+    assert "train dataset size: 16" in log and "Total training steps: 3" in log
 
 
 @pytest.mark.slow
-def test_first_job_trains_and_checkpoints(two_jobs):
-    assert "Training from scratch" in two_jobs["log1"]
-    assert sorted(two_jobs["run1"]) == [1, 2]
-    assert all(m["training/epoch"] == 0 for m in two_jobs["run1"].values())
-    assert (two_jobs["ckpt"] / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt").exists()
-    assert (two_jobs["ckpt"] / "global_step_2" / "data.pt").exists()
+def test_a_no_wait_submission_prints_its_id_and_returns(lost_node):
+    assert lost_node["run2_submit_exit"] == 0, lost_node["run2_submit_log"][-3000:]
+    assert re.fullmatch(r"gapo-smoke_cpu-\d{8}-\d{6}-\d+", lost_node["run2_job_id"] or ""), lost_node["run2_job_id"]
+    assert "Training from scratch" not in lost_node["run2_submit_log"]  # it returned at submission, not at the end
 
 
 @pytest.mark.slow
-def test_second_job_resumes_at_the_epoch_boundary_and_trains_the_next_epoch(two_jobs):
-    ckpt = two_jobs["ckpt"]
-    assert f"Resuming from {ckpt}/global_step_2, setting global step to 2" in two_jobs["log2"]
+def test_first_job_trains_and_checkpoints(lost_node):
+    assert "Training from scratch" in lost_node["run1_log"]
+    assert sorted(lost_node["run1_metrics"]) == [1, 2]
+    assert all(m["training/epoch"] == 0 for m in lost_node["run1_metrics"].values())
+    assert missing_shards(lost_node["ckpt"], 2, world_size=2) == []
+    assert (lost_node["ckpt"] / "global_step_2" / "data.pt").exists()
+
+
+@pytest.mark.slow
+def test_second_job_resumes_at_the_epoch_boundary_and_trains_the_next_epoch(lost_node):
+    ckpt = lost_node["ckpt"]
+    assert lost_node["run2_status"] == "SUCCEEDED", lost_node["run2_log"][-4000:]
+    assert f"Resuming from {ckpt}/global_step_2, setting global step to 2" in lost_node["run2_log"]
     # verl issues #5725/#7401 (0 steps after an epoch-boundary resume) would show here as no step 3
-    assert sorted(two_jobs["run2"]) == [3]
-    assert two_jobs["run2"][3]["training/epoch"] == 1
+    assert sorted(lost_node["run2_metrics"]) == [3]
+    assert lost_node["run2_metrics"][3]["training/epoch"] == 1
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
