@@ -1,6 +1,7 @@
-"""VIGOR end to end on CPU: verl's real trainer (Ray, FSDP2 actor, HF rollout, reward loop, GAPO loss) with
-`vigor=enabled` trains 2 steps with a checkpoint each step, then resumes and trains step 3. One run shared by every
-check here (~2-4 min on 2 cores).
+"""VIGOR end to end on CPU: verl's real trainer (Ray, FSDP2 actor at world size 2, HF rollout, reward loop, GAPO
+loss) with `vigor=enabled` trains 2 steps with a checkpoint each step, then resumes and trains step 3. One run shared
+by every check here (~2-4 min on 2 cores). The loss dumps its per-row values on each rank (GAPO_DEBUG_LOSS_ROWS):
+the merged groups, of uneven sizes, are split over both ranks.
 
 Everything is recomputed from verl's own rollout dump (`trainer.rollout_data_dir`: each rollout's TransferQueue key
 `{prompt}_{session}_{index}` and score; a later round's prompt key is `{uid}.r{t}`), not from VIGOR's code: the
@@ -8,7 +9,7 @@ rounds' budgets and kept sets, the variance ranking, the final group sizes, and 
 
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from tests.test_trainer_e2e import expected_metrics, read_rollouts
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PROMPTS, N = 8, 8  # the smoke preset: data.train_batch_size, actor_rollout_ref.rollout.n
+RANKS = 2
 CFG = VigorConfig(enable=True)  # configs/vigor/enabled.yaml: the defaults, switched on
 ROUND_KEY = re.compile(r"^(?P<uid>[^_.]+)(?:\.r(?P<round>\d+))?_(?P<session>\d+)_(?P<index>\d+)$")
 
@@ -27,11 +29,16 @@ ROUND_KEY = re.compile(r"^(?P<uid>[^_.]+)(?:\.r(?P<round>\d+))?_(?P<session>\d+)
 def vigor_run(tmp_path_factory):
     from recipe.smoke import run_smoke
 
+    from gapo.verl_plugin.losses import ROWS_ENV
+
     out = tmp_path_factory.mktemp("vigor")
-    rollout_dir = out / "rollouts"
-    result = run_smoke(out, steps=2, resume_steps=1,
-                       overrides=["vigor=enabled", f"trainer.rollout_data_dir={rollout_dir}"])
-    return {**result, "out": out, "rollout_dir": rollout_dir, "metrics": {**result["run1"], **result["run2"]}}
+    rollout_dir, rows_dir = out / "rollouts", out / "loss_rows"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ROWS_ENV, str(rows_dir))  # both runs append to rank{r}.jsonl; each row names its step
+        result = run_smoke(out, steps=2, resume_steps=1, ranks=RANKS,
+                           overrides=["vigor=enabled", f"trainer.rollout_data_dir={rollout_dir}"])
+    return {**result, "out": out, "rollout_dir": rollout_dir, "rows_dir": rows_dir,
+            "metrics": {**result["run1"], **result["run2"]}}
 
 
 def rounds_of(rollouts):
@@ -112,6 +119,35 @@ def test_loss_sees_each_prompts_merged_group(vigor_run):
         assert m["training/rollout_probs_diff_max"] < 1e-5  # every round sampled from the current weights
     assert any(c > N for m in vigor_run["metrics"].values()
                for c in (int(k.rsplit("/c", 1)[1]) for k in m if k.startswith("gapo/clipfrac_pos/c")))
+
+
+@pytest.mark.slow
+def test_each_rank_saw_its_rows_merged_groups(vigor_run):
+    """World size 2: the (c, k, success) the loss used on each rank, over both ranks, are the merged groups' from
+    the rollout dump (k the group's size after every round, not rollout.n), each rollout once: the budget is exact
+    and no row is padding. Both ranks got rows, and different ones (a rank-0-only view would not pass)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        threshold = float(compose("smoke_cpu", overrides=["vigor=enabled"]).actor_rollout_ref.actor.policy_loss
+                          .success_threshold)
+    rows = defaultdict(lambda: defaultdict(list))
+    for path in sorted(vigor_run["rows_dir"].glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            rows[int(row["step"])][int(path.stem[len("rank"):])].append(row)
+    assert sorted(rows) == sorted(vigor_run["metrics"])
+    for step, by_rank in rows.items():
+        assert sorted(by_rank) == list(range(RANKS)) and all(by_rank.values()), step
+        groups = defaultdict(list)
+        for key, score in read_rollouts(vigor_run["rollout_dir"] / f"{step}.jsonl"):
+            groups[ROUND_KEY.match(key)["uid"]].append(score > threshold)
+        expected = Counter((sum(v), len(v), s) for v in groups.values() for s in v)
+        seen = [Counter((int(r["c"]), int(r["k"]), bool(r["success"])) for r in by_rank[rank]) for rank in range(RANKS)]
+        assert sum(seen, Counter()) == expected, step
+        assert sum(len(v) for v in by_rank.values()) == PROMPTS * N, step
+        assert any(k > N for _, k, _ in expected), step  # uneven merged groups reached the loss
+        assert seen[0] != seen[1], step
 
 
 @pytest.mark.slow
