@@ -33,6 +33,7 @@ from gapo.rewards.math_answer import (
     score_math_batch,
 )
 from gapo.rewards.math_cases import CASES, HACKS
+from gapo.rewards.math_latex import NEGATIONS, RELATIONS, UNKNOWN_OPERATOR, operator_error, strip_formatting
 from gapo.rewards.verify_pool import PoolBroken, VerifyPool
 
 KEYS = {"score", "acc", "pred", "format_error", "timeout", "reason"}
@@ -49,7 +50,8 @@ def pool():
 def test_hack_table_covers_each_class_with_right_and_wrong_answers():
     assert len({c.name for c in HACKS}) == len(HACKS), "case names must be unique"
     assert not {c.name for c in HACKS} & {c.name for c in CASES}
-    for prefix in ("cond_", "solved_", "dec_", "exact_", "box_", "delim_", "false_eq_", "true_eq_", "uni_"):
+    for prefix in ("cond_", "solved_", "dec_", "exact_", "box_", "delim_", "false_eq_", "true_eq_", "uni_",
+                   "sideless_", "negated_", "operator_", "wrap_"):
         group = [c for c in HACKS if c.name.startswith(prefix)]
         assert len(group) >= 4, prefix
     assert sum(c.correct for c in HACKS) >= 40 and sum(not c.correct for c in HACKS) >= 40
@@ -94,6 +96,59 @@ def test_report_examples(pool):
     for seven in ["\uff17", "\U0001d7d5"]:
         assert score_math(rf"\boxed{{{seven}}}", "7", pool=pool)["acc"] is True
     assert score_math("\\boxed{1\u200b7}", "17", pool=pool)["acc"] is True
+
+
+# ---- second red team: every macro of the operator table, decided ----
+
+EVALUATED = {"bmod", "mod", "pmod", "pod"}  # integer residues: ``7 \bmod 8`` is 7, rightly
+
+
+@pytest.mark.parametrize("macro", sorted(UNKNOWN_OPERATOR - EVALUATED))
+def test_no_operator_is_paid_as_one_of_its_sides(macro, pool):
+    r"""``7 \m 8`` for every statement or value-less macro: neither side is paid, whatever math-verify reads."""
+    for gold in ("7", "8"):
+        result = score_math(rf"\boxed{{7 \{macro} 8}}", gold, pool=pool)
+        assert result["acc"] is False and result["reason"] == "unknown_operator", (macro, gold, result)
+
+
+@pytest.mark.parametrize("macro", sorted(EVALUATED))
+def test_residues_are_evaluated(macro, pool):
+    arg = "{8}" if macro in ("pmod", "pod") else " 8"
+    assert score_math(rf"\boxed{{15 \{macro}{arg}}}", "7", pool=pool)["acc"] is True
+    assert score_math(rf"\boxed{{15 \{macro}{arg}}}", "8", pool=pool)["acc"] is False
+    assert score_math(rf"\boxed{{y \{macro}{arg}}}", "8", pool=pool)["reason"] == "unknown_operator"
+
+
+@pytest.mark.parametrize("relation", [r for r in RELATIONS if r not in NEGATIONS])
+def test_no_relation_without_a_side_is_paid(relation, pool):
+    for answer in (f"{relation} 7", f"7 {relation}"):
+        result = score_math(rf"\boxed{{{answer}}}", "7", pool=pool)
+        assert result["acc"] is False and result["reason"] in ("sideless_relation", "unknown_operator"), (
+            answer, result)
+
+
+@pytest.mark.parametrize("negation", NEGATIONS)
+def test_no_negation_is_paid_as_what_it_negates(negation, pool):
+    result = score_math(rf"\boxed{{{negation} 7}}", "7", pool=pool)
+    assert result["acc"] is False and result["reason"] in ("negated", "unknown_operator"), result
+
+
+def test_a_gold_with_the_macro_lets_math_verify_compare():
+    """Refusal is for macros the gold does not use: a gold that asks for a statement gets it compared."""
+    assert operator_error(r"AB \parallel CD", [r"AB \parallel CD"]) == ""
+    assert operator_error(r"AB \parallel CD", ["7"]) == "unknown_operator"
+    assert operator_error(r"\geq 7", [r"\geq 7"]) == ""
+    assert operator_error(r"\geq 7", ["7"]) == "sideless_relation"
+
+
+@pytest.mark.parametrize("wrapped, plain", [
+    (r"\textcolor{red}{7}", "7"), (r"{\color{red}7}", "7"), (r"\fcolorbox{a}{b}{\bm{7}}", "7"),
+    (r"\underline{\emph{\frac{1}{2}}}", r"\frac{1}{2}"), (r"\frac{\bm{3}}{4}", r"\frac{{3}}{4}"),
+    (r"\hspace{2pt}7\hspace*{1em}", "7"), (r"\phantom{0}7", "7"), (r"\Large\bf 7", "7"),
+    (r"5\,\text{cm}", r"5\,\text{cm}"), (r"\mathrm{d}x", r"\mathrm{d}x"), (r"\textcolor{red}{7", r"\textcolor{red}{7"),
+])
+def test_strip_formatting(wrapped, plain):
+    assert strip_formatting(wrapped) == plain
 
 
 # ---- numeric_tolerance ----

@@ -13,7 +13,7 @@ never imported by the trainer. It imports only the standard library and math-ver
 Protocol (pickled tuples over two pipes): the worker first sends ``("ready", pid)``; then for each
 request ``(task_id, gold, pred[, options])`` it answers ``(task_id, status, equal, detail)`` with status
 one of ``ok`` / ``timeout`` / ``error``; for ``ok`` and not equal, ``detail`` is the reason (``wrong``,
-``unparsed``, ``inexact_decimal``, ``unsolved_relation``, ``false_equation``). ``options`` is ``None`` or
+``unparsed``, ``inexact_decimal``, ``unsolved_relation``, ``false_equation``, ``unknown_operator``). ``options`` is ``None`` or
 a dict; its one key, ``numeric_tolerance``, restores math-verify's float tolerance. ``None`` or
 end-of-file on the input pipe ends the worker, so it also exits when the parent dies.
 
@@ -34,6 +34,8 @@ What is checked on top of ``verify(gold, pred)`` (each rule closes a way to be p
   ``x + y = 1, x - y = 2`` for ``(1, 2)`` is not). An unsolved gold relation lifts the rule.
 - **Equations must be true.** Sides of a predicted equation (or chain) that hold no symbol must be
   equal: math-verify reads ``2+2=7`` as its right side 7.
+- **Set operators join sets.** A prediction with ``\cup``, ``\cap`` or ``\setminus`` whose parse holds no
+  set (``7 \cup 8``, read as 8) is refused (``unknown_operator``).
 - **A set is not a tuple.** A prediction written as a set ``\{...\}`` never matches a gold that is a
   tuple or an open interval ``(a, b)`` (math-verify compares them element by element).
 """
@@ -59,6 +61,7 @@ GOLD_CACHE_SIZE = 4096  # parsed gold answers kept; a prompt's k rollouts share 
 # the extraction's 400-character cap can write, so no finite decimal passes for an irrational gold.
 EXACT_DIGITS = 500
 CONSTANT_DIGITS = 60  # digits when deciding that an equation's constant sides differ
+_SET_OPERATOR = re.compile(r"\\(?:cup|cap|setminus)(?![A-Za-z])")
 _SET_BRACE = re.compile(r"^\s*(?:\\left\s*)?(?:\\\{|\\lbrace\b)")
 HOOK_PREFIX = "__gapo_test_hook__:"  # requests with this gold drive test behaviours (only when enabled)
 
@@ -217,9 +220,21 @@ def _false_equation(expr, tolerance: float) -> bool:
     return False
 
 
+def _holds_set(expr) -> bool:
+    from sympy import Set, preorder_traversal
+
+    try:
+        return any(isinstance(node, Set) for node in preorder_traversal(expr))
+    except Exception:  # noqa: BLE001  not a sympy tree
+        return False
+
+
 def form_error(gold, pred, pred_text: str, tolerant: bool) -> str:
     """Why ``pred`` cannot be right whatever math-verify says ('' if no rule applies); see the docstring."""
     from sympy import FiniteSet, Interval, Set, Tuple
+
+    if _SET_OPERATOR.search(pred_text) and not _holds_set(pred):
+        return "unknown_operator"  # ``7 \cup 8`` read as 8: a set operator between values has no value
 
     params = _free_symbols(gold)
     gold_wants_condition = (_is_condition(gold) or _is_equation_chain(gold)) and not _is_solved(gold, params)

@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gapo.rewards import register_result_key
+from gapo.rewards.math_latex import evaluate_modulo, operator_error, strip_formatting
 from gapo.rewards.verify_pool import Verdict, VerifyPool, get_pool
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ REASONS = FORMAT_REASONS + (
     "unparsed",  # math-verify read nothing in the answer
     "inexact_decimal",  # a decimal that only approximates an exact gold (see numeric_tolerance)
     "unsolved_relation",  # a condition restated instead of solved
+    "sideless_relation",  # a relation with no side: \geq 7 is "at least 7", not 7 (gapo.rewards.math_latex)
+    "negated",  # a negation with no left side: \ne 7, \not 7
+    "unknown_operator",  # a statement or value-less operator math-verify would read as one side: 7 \mid 8
     "false_equation",  # an equation whose constant sides differ
     "timeout",
     "grader_error",  # worker error, pool failure, unparseable gold: a grading failure, logged
@@ -300,9 +304,10 @@ def _repeating_to_fraction(m: re.Match) -> str:
 
 
 def normalize_answer(answer: str) -> str:
-    """Cheap rewrites math-verify does not do itself: no ``$``, thousands separators, e-notation,
-    repeating decimals, no final period."""
-    answer = _UNESCAPED_DOLLAR.sub("", answer).strip()
+    """Cheap rewrites math-verify does not do itself: no ``$``, no formatting macros (colour, weight, underline,
+    spacing: :func:`gapo.rewards.math_latex.strip_formatting`), thousands separators, e-notation, repeating
+    decimals, integer residues (``15 \\bmod 8`` is 7), no final period."""
+    answer = strip_formatting(_UNESCAPED_DOLLAR.sub("", answer).strip())
     if answer.endswith(".") and not answer.endswith(".."):  # "7." is 7; "1, 2, ..." keeps its dots
         answer = answer[:-1].rstrip()
     answer = answer.replace("\\varnothing", "\\emptyset")  # math-verify knows only the latter
@@ -312,7 +317,7 @@ def normalize_answer(answer: str) -> str:
     m = _E_NOTATION.match(answer)
     if m:
         answer = f"{m.group(1)}\\times 10^{{{int(m.group(2))}}}"
-    return answer
+    return evaluate_modulo(answer)
 
 
 def nesting_depth(text: str) -> int:
@@ -451,6 +456,10 @@ def score_math_batch(responses: Sequence[str], ground_truths: Sequence, *, requi
             continue
         if ext.error:
             results.append(_result(False, ext.answer or "", format_error=True, reason=ext.error))
+            continue
+        refused = operator_error(ext.answer, golds)
+        if refused:  # a statement or a relation's side, never a value: not graded (gapo.rewards.math_latex)
+            results.append(_result(False, ext.answer, reason=refused))
             continue
         results.append(None)
         options = {"numeric_tolerance": True} if tolerant[i] else None

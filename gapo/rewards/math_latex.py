@@ -1,0 +1,266 @@
+r"""LaTeX an answer may hold that math-verify misreads: formatting to strip, operators and relations to screen.
+
+Two jobs, both before math-verify sees the answer (:mod:`gapo.rewards.math_answer` calls them):
+
+- :func:`strip_formatting` removes what changes how an answer looks, not what it says: colour
+  (``\textcolor{red}{7}``, ``\color{red}``, ``\colorbox``, ``\fcolorbox``), weight and style (``\bm``,
+  ``\boldsymbol``, ``\textbf``, ``\textsf``, ``\texttt``, ``\mathsf``, ...), emphasis and underline
+  (``\emph``, ``\underline``, ``\uline``), size and style declarations (``\large``, ``\bf``,
+  ``\displaystyle``), and spacing (``\hspace{1em}``, ``\phantom{0}``: invisible). Nested wrappers are
+  unwrapped to a fixed point: ``\textcolor{red}{\underline{\frac{1}{2}}}`` is ``\frac{1}{2}``. math-verify
+  reads ``\mathbf{7}`` but scores ``\textcolor{red}{7}`` or ``\bm{7}`` as nothing.
+- :func:`operator_error` decides, per macro, what a relation or operator math-verify does not evaluate may
+  be: math-verify reads ``7 \mid 8`` as 8, ``\geq 7`` as 7, ``\ne 7`` as 7, ``15 \bmod 8`` as 8. Per macro:
+
+  * evaluated where it has a value: ``a \bmod n``, ``a \mod n``, ``a \pmod{n}`` and a solved congruence
+    ``x \equiv a \pmod{n}`` with integer literals are their residue (``15 \bmod 8`` is 7);
+  * refused where it is a statement or a value-less operator: divisibility, congruence, parallel,
+    similarity, subset, implication, logic, the circled and starred operators, ... (``UNKNOWN_OPERATOR``,
+    reason ``unknown_operator``), unless a gold answer holds the same macro (then the gold asks for that
+    kind of statement, and math-verify compares them as before);
+  * a relation with no side, ``\geq 7`` or ``7 <``, is refused (``sideless_relation``): "at least 7" is not
+    7, as ``x \geq 7`` is not. ``= 7`` is 7 (it says the value), as ``x = 7`` is;
+  * a negation with no left side, ``\ne 7``, ``\not 7``, ``\neg 7``, is refused (``negated``); with a left
+    side (``x \neq 1``) the worker's relation rules apply, as before.
+
+  Membership ``\in`` is a value only with a variable on its left (``x \in (1, 2)``; ``7 \in 8`` is read as 8).
+  Set operators ``\cup \cap \setminus`` are left to the worker, which refuses them when the parse is not a
+  set (``7 \cup 8`` read as 8); ``^\circ`` is a degree sign, any other ``\circ`` a composition.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ---- formatting ----
+
+# name -> number of leading arguments dropped; the next argument is kept (the wrapped content)
+WRAPPERS = {
+    **dict.fromkeys(("textbf", "textit", "textsl", "textsf", "texttt", "textup", "textmd", "emph", "underline",
+                     "uline", "uuline", "uwave", "bm", "boldsymbol", "pmb", "mathbf", "mathit", "mathsf", "mathtt",
+                     "mathnormal", "hbox"), 0),
+    "textcolor": 1, "colorbox": 1, "fcolorbox": 2,
+}
+# removed with their one argument: a declaration's value, or invisible content
+DROPPED_WITH_ARGUMENT = ("color", "hspace", "vspace", "phantom", "hphantom", "vphantom")
+# declarations without an argument
+DECLARATIONS = ("bf", "it", "rm", "sf", "tt", "sl", "em", "bfseries", "itshape", "mdseries", "upshape", "normalfont",
+                "tiny", "scriptsize", "footnotesize", "small", "normalsize", "large", "Large", "LARGE", "huge",
+                "Huge", "displaystyle", "textstyle", "scriptstyle", "scriptscriptstyle")
+_MACRO = re.compile(r"\\([A-Za-z]+)\*?(?![A-Za-z])")
+_OPTIONAL = re.compile(r"\s*\[[^\]]*\]")  # \textcolor[rgb]{...}{...}
+_NUMBER_ONLY = re.compile(r"^\d+$")
+
+
+def _argument(text: str, pos: int) -> tuple[str, int] | None:
+    """(content, end) of the TeX argument at ``pos`` (spaces skipped): a braced group or one character."""
+    while pos < len(text) and text[pos] in " \t":
+        pos += 1
+    if pos >= len(text):
+        return None
+    if text[pos] != "{":
+        if text[pos] == "\\":
+            m = _MACRO.match(text, pos)
+            return (m.group(), m.end()) if m else (text[pos:pos + 2], pos + 2)
+        return text[pos], pos + 1
+    depth, i = 0, pos
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        depth += ch == "{"
+        depth -= ch == "}"
+        i += 1
+        if depth == 0:
+            return text[pos + 1:i - 1], i
+    return None  # unclosed: left as it is
+
+
+def _strip_once(text: str) -> str:
+    out, pos = [], 0
+    for m in _MACRO.finditer(text):
+        if m.start() < pos:
+            continue
+        name = m.group(1)
+        if m.start() > 0 and text[m.start() - 1] == "\\":  # ``\\bf`` is a line break then "bf"
+            continue
+        if name in WRAPPERS:
+            end = m.end()
+            opt = _OPTIONAL.match(text, end)
+            if opt and name in ("textcolor", "colorbox", "fcolorbox"):
+                end = opt.end()
+            args = []
+            for _ in range(WRAPPERS[name] + 1):
+                arg = _argument(text, end)
+                if arg is None:
+                    break
+                args.append(arg[0])
+                end = arg[1]
+            if len(args) != WRAPPERS[name] + 1:
+                continue
+            # ``\mathrm{d}x`` stays readable; a braced group keeps the content's own grouping
+            out += [text[pos:m.start()], "{", args[-1], "}"]
+            pos = end
+        elif name in DROPPED_WITH_ARGUMENT:
+            end = m.end()
+            opt = _OPTIONAL.match(text, end)
+            if opt and name == "color":
+                end = opt.end()
+            arg = _argument(text, end)
+            if arg is None:
+                continue
+            out += [text[pos:m.start()], " "]
+            pos = arg[1]
+        elif name in DECLARATIONS:
+            out += [text[pos:m.start()], " "]
+            pos = m.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def strip_formatting(text: str) -> str:
+    """``text`` without colour, weight, emphasis, underline, size and spacing macros (see the module docstring);
+    wrappers nested in each other are all unwrapped. A group ``{...}`` left around a number is dropped."""
+    if "\\" not in text:
+        return text
+    for _ in range(32):  # each pass unwraps one level; 32 is far beyond any answer under the length cap
+        stripped = _strip_once(text)
+        if stripped == text:
+            break
+        text = stripped
+    text = _unbrace(text)
+    return text.strip()
+
+
+def _unbrace(text: str) -> str:
+    """``{7}`` -> ``7`` and ``{\\frac{1}{2}}`` -> ``\\frac{1}{2}`` when the whole answer is one braced group."""
+    while text.strip().startswith("{"):
+        t = text.strip()
+        arg = _argument(t, 0)
+        if arg is None or arg[1] != len(t):
+            break
+        text = arg[0]
+    return text
+
+
+# ---- operators and relations ----
+
+SIDELESS, NEGATED, UNKNOWN = "sideless_relation", "negated", "unknown_operator"
+RELATIONS = ("<", ">", "\\lt", "\\gt", "\\le", "\\leq", "\\ge", "\\geq", "\\leqslant", "\\geqslant", "\\ne", "\\neq",
+             "\\approx", "\\sim", "\\simeq", "\\cong", "\\equiv", "\\propto", "\\ll", "\\gg", "\\prec", "\\succ",
+             "\\preceq", "\\succeq", "\\subset", "\\subseteq", "\\subsetneq", "\\supset", "\\supseteq", "\\supsetneq",
+             "\\in", "\\ni", "\\notin", "\\mid", "\\nmid", "\\to", "\\rightarrow", "\\Rightarrow", "\\implies",
+             "\\iff", "\\Leftrightarrow", "\\leftrightarrow", "\\mapsto", "\\perp", "\\parallel", "\\doteq",
+             "\\nless", "\\ngtr", "\\nleq", "\\ngeq", "\\lesssim", "\\gtrsim")
+NEGATIONS = ("\\ne", "\\neq", "\\not", "\\neg", "\\lnot", "\\nmid", "\\notin", "\\nless", "\\ngtr", "\\nleq",
+             "\\ngeq", "\\nsim", "\\ncong", "\\nparallel", "\\nsubseteq", "\\nsupseteq")
+# statements and value-less operators: never a value; refused unless a gold holds the macro
+UNKNOWN_OPERATOR = frozenset((
+    "mid", "nmid", "divides", "equiv", "not", "neg", "lnot", "perp", "parallel", "nparallel", "cong", "ncong", "simeq",
+    "sim", "nsim", "approx", "propto", "doteq", "ll", "gg", "prec", "succ", "preceq", "succeq", "subset", "subseteq",
+    "subsetneq", "supset", "supseteq", "supsetneq", "nsubseteq", "nsupseteq", "sqsubset", "sqsupset", "ni", "owns",
+    "to", "rightarrow", "longrightarrow", "Rightarrow", "Longrightarrow", "implies", "impliedby", "iff",
+    "Leftrightarrow", "leftrightarrow", "Longleftrightarrow", "mapsto", "gets", "leftarrow", "Leftarrow", "wedge",
+    "vee", "land", "lor", "oplus", "otimes", "ominus", "odot", "oslash", "bullet", "ast", "star", "circledast",
+    "diamond", "backslash", "colon", "vdots", "wr", "amalg", "sqcup", "sqcap", "uplus", "vdash", "models",
+    "therefore", "because", "bmod", "mod", "pmod", "pod", "lesssim", "gtrsim", "nless", "ngtr", "nleq", "ngeq",
+    "circ",
+))
+_INFIX_FUNCTIONS = ("gcd", "lcm")  # ``\gcd(7, 8)`` is a value; ``7 \gcd 8`` is not
+_TEXT_ARG = re.compile(r"\\(?:text|operatorname|mathrm)\s*\{[^{}]*\}")
+_INT = r"(-?\d+)"
+_MOD_ARG = r"\s*(?:\{\s*(\d+)\s*\}|(\d+))"
+_RESIDUE = re.compile(rf"^{_INT}\s*\\(?:bmod|mod){_MOD_ARG}\s*$")
+_RESIDUE_P = re.compile(rf"^{_INT}\s*(?:\\pmod|\\pod){_MOD_ARG}\s*$")
+_CONGRUENCE = re.compile(rf"^[A-Za-z]\s*\\equiv\s*{_INT}\s*(?:\\pmod|\\pod|\\bmod|\\mod){_MOD_ARG}\s*$")
+_DEGREE = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ(?![A-Za-z]))")
+_RELATION_TOKEN = re.compile("|".join(sorted((re.escape(r) + ("(?![A-Za-z])" if r[0] == "\\" else "")
+                                              for r in RELATIONS), key=len, reverse=True)))
+# membership that says something: a variable (or a tuple of them) in a set, the whole answer
+_MEMBERSHIP = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+|\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])*\s*\))\s*\\in(?![A-Za-z])")
+_SPACING = re.compile(r"^(?:\s|\\[,;:! ]|\\quad(?![A-Za-z])|\\qquad(?![A-Za-z]))+")
+
+
+def evaluate_modulo(answer: str) -> str:
+    """``15 \\bmod 8`` / ``15 \\pmod{8}`` / ``x \\equiv 15 \\pmod 8`` -> ``7``; other answers unchanged."""
+    for pattern in (_RESIDUE, _RESIDUE_P, _CONGRUENCE):
+        m = pattern.match(answer)
+        if m:
+            value, modulus = int(m.group(1)), int(m.group(2) or m.group(3))
+            return str(value % modulus) if modulus > 0 else answer
+    return answer
+
+
+def _macros(text: str) -> set[str]:
+    """Names of the macros of ``text``, outside ``\\text{}``-like arguments; a degree sign is not ``\\circ``."""
+    text = _DEGREE.sub(" ", _TEXT_ARG.sub(" ", text))
+    names = set()
+    for m in _MACRO.finditer(text):
+        name = m.group(1)
+        if name in _INFIX_FUNCTIONS and not re.match(r"\s*(?:\(|\\left)", text[m.end():]):
+            name = f"infix {name}"
+        names.add(name)
+    if "\\{" in text or "\\lbrace" in text:
+        names.discard("mid")  # set-builder notation: ``\{x \mid x > 0\}``
+    elif text.replace("\\|", "").count("|") % 2:
+        names.add("mid")  # an odd number of bars: ``7 | 8`` (divides), not ``|x|``
+    return names
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at commas outside brackets and braces."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0 and (i == 0 or text[i - 1] != "\\"):
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
+
+
+def _leading_relation(item: str) -> str | None:
+    item = _SPACING.sub("", item)
+    m = _RELATION_TOKEN.match(item)
+    return m.group() if m else None
+
+
+def _trailing_relation(item: str) -> str | None:
+    item = item.rstrip()
+    for rel in sorted(RELATIONS, key=len, reverse=True):
+        if item.endswith(rel) and not (rel[0] == "\\" and item[:-len(rel)].endswith("\\")):
+            return rel
+    return None
+
+
+def _gold_forms(golds: list[str]) -> tuple[set[str], set[str]]:
+    macros, leading = set(), set()
+    for gold in golds:
+        macros |= _macros(gold)
+        leading |= {r for r in map(_leading_relation, _top_level_items(gold)) if r}
+    return macros, leading
+
+
+def operator_error(answer: str, golds: list[str]) -> str:
+    """Why ``answer`` is not a value math-verify may grade ('' if none); see the module docstring."""
+    gold_macros, gold_leading = _gold_forms(golds)
+    for item in _top_level_items(answer):
+        lead = _leading_relation(item)
+        if lead and lead not in gold_leading:
+            return NEGATED if lead in NEGATIONS else SIDELESS
+        stripped = _SPACING.sub("", item)
+        for neg in ("\\not", "\\neg", "\\lnot"):
+            if stripped.startswith(neg) and re.match(r"(?![A-Za-z])", stripped[len(neg):]) and \
+                    neg[1:] not in gold_macros:
+                return NEGATED
+        trail = _trailing_relation(item)
+        if trail and item.strip() != trail:
+            return SIDELESS
+    unknown = {m for m in _macros(answer) - gold_macros if m in UNKNOWN_OPERATOR or m.startswith("infix ")}
+    if "in" in _macros(answer) - gold_macros and not _MEMBERSHIP.match(answer):
+        unknown.add("in")  # ``x \in (1, 2)`` is solved; ``7 \in 8`` is read as 8
+    return UNKNOWN if unknown else ""
