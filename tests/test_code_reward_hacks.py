@@ -471,3 +471,96 @@ def test_scores_come_back_for_every_item_with_reasons(box):
     out = compute_code_score("taco", _fence("raise KeyError(1)\n"), gt, sandbox=box)
     assert out["reason"] == "runtime error (KeyError)"
     assert compute_code_score("taco", _fence("print(1)\n"), gt, sandbox=box)["reason"] == ""
+
+
+# ----- 7. signals: a program that kills itself after printing dies, as on a judge --------------------
+SELF_KILLS = {
+    "sigkill": "os.kill(os.getpid(), signal.SIGKILL)\n",
+    "sigterm": "os.kill(os.getpid(), signal.SIGTERM)\n",
+    "raise_signal": "signal.raise_signal(signal.SIGTERM)\n",
+    "process_group": "os.killpg(0, signal.SIGKILL)\n",
+    "sigint": "os.kill(os.getpid(), signal.SIGINT)\n",
+    "abort": "os.abort()\n",
+    "atexit_kill": "import atexit\natexit.register(lambda: os.kill(os.getpid(), signal.SIGKILL))\n",
+    "thread_kill": "import threading\nthreading.Thread(target=lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
+                   "import time\ntime.sleep(1)\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(SELF_KILLS))
+def test_printing_then_killing_itself_scores_zero_on_stdin(box, how):
+    gt = json.dumps({"inputs": ["3\n"], "outputs": ["9\n"]})
+    body = f"import os, signal, sys\nprint(int(input()) ** 2, flush=True)\nsys.stdout.flush()\n{SELF_KILLS[how]}"
+    right, killed = _score_all(box, ["print(int(input()) ** 2)\n", body], gt)
+    assert right["score"] == 1.0, right
+    assert killed["score"] == 0.0, killed
+    assert "signal" in killed["reason"] or "exit code" in killed["reason"] or "runtime error" in killed["reason"], \
+        killed["reason"]
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm", "raise_signal", "process_group", "abort"])
+def test_returning_then_killing_itself_scores_zero_on_function_calls(box, how):
+    """The harness exits with os._exit (no atexit hook runs), so the answer writes the right results itself,
+    through the harness's saved channel, then kills itself: on a judge it dies with a runtime error."""
+    gt = json.dumps([{"type": "function_call", "fn_name": "f", "input": [3], "output": 9}])
+    body = ("import os, signal, sys\n"
+            "def f(x):\n"
+            "    m = sys.modules['__main__']\n"
+            "    m._g_send(m._g_fd, [[0, m._g_enc(x * x)]])\n"
+            f"    {SELF_KILLS[how].strip()}\n"
+            "    return x * x\n")
+    right, killed = _score_all(box, ["def f(x):\n    return x * x\n", body], gt)
+    assert right["score"] == 1.0, right
+    assert killed["score"] == 0.0, killed
+
+
+def test_a_signal_the_program_ignores_or_handles_is_its_own_business(box):
+    """Normal process semantics, not 'every signal kills': a handled SIGTERM then exit 0 is a right program."""
+    gt = json.dumps({"inputs": ["3\n"], "outputs": ["9\n"]})
+    handled = ("import os, signal\nsignal.signal(signal.SIGTERM, lambda *a: None)\n"
+               "os.kill(os.getpid(), signal.SIGTERM)\nprint(int(input()) ** 2)\n")
+    (out,) = _score_all(box, [handled], gt)
+    assert out["score"] == 1.0, out
+
+
+# ----- 8. stdin is a regular file, as on the judges -------------------------------------------------
+FAST_INPUTS = {
+    "fstat_size": "import os\ndata = os.read(0, os.fstat(0).st_size).split()\n",
+    "buffer_read": "import sys\ndata = sys.stdin.buffer.read().split()\n",
+    "open_zero": "data = open(0).read().split()\n",
+    "bytesio_fstat": "import io, os\ndata = io.BytesIO(os.read(0, os.fstat(0).st_size)).read().split()\n",
+    "mmap": "import mmap\ndata = mmap.mmap(0, 0, prot=mmap.PROT_READ)[:].split()\n",
+    "readline_loop": "import sys\ndata = []\nfor line in sys.stdin:\n    data += line.split()\n",
+    "lseek_size": "import os\nn = os.lseek(0, 0, os.SEEK_END)\nos.lseek(0, 0, os.SEEK_SET)\ndata = os.read(0, n).split()\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(FAST_INPUTS))
+def test_fast_input_idioms_read_the_whole_input(box, how):
+    numbers = list(range(1, 2001))
+    gt = json.dumps({"inputs": [f"{len(numbers)}\n" + " ".join(map(str, numbers)) + "\n", "1\n5\n"],
+                     "outputs": [f"{sum(numbers)}\n", "5\n"]})
+    body = FAST_INPUTS[how] + "print(sum(map(int, data[1:])))\n"
+    (out,) = _score_all(box, [body], gt)
+    assert out["score"] == 1.0, (how, out)
+    (wrong,) = _score_all(box, [FAST_INPUTS[how] + "print(sum(map(int, data[1:])) + 1)\n"], gt)
+    assert wrong["score"] == 0.0
+
+
+def test_the_input_file_cannot_be_changed_by_the_program(box):
+    """The input is sealed: no write, truncate or grow through fd 0 or /proc/self/fd/0."""
+    probe = ("import os\nbad = []\n"
+             "for what, op in [('write', lambda: os.write(0, b'99')), ('truncate', lambda: os.ftruncate(0, 0)),\n"
+             "                 ('reopen', lambda: open('/proc/self/fd/0', 'wb').write(b'99'))]:\n"
+             "    try:\n        op()\n        bad.append(what)\n    except OSError:\n        pass\n"
+             "os.lseek(0, 0, os.SEEK_SET)\n"
+             "print(os.read(0, 100).decode().strip() if not bad else 'changed ' + ' '.join(bad))\n")
+    gt = json.dumps({"inputs": ["41\n"], "outputs": ["41\n"]})
+    (out,) = _score_all(box, [probe], gt)
+    assert out["score"] == 1.0, out
+
+
+def test_empty_and_large_unread_inputs(box):
+    gt = json.dumps({"inputs": ["", "x" * (4 << 20)], "outputs": ["ok\n", "ok\n"]})
+    (out,) = _score_all(box, ["print('ok')\n"], gt)
+    assert out["score"] == 1.0, out

@@ -10,6 +10,7 @@ can be held across the fork), through this chain::
     rlimits (AS, CPU, FSIZE, NOFILE, NPROC, CORE) -> drop to the slot's own non-root uid
     -> PR_SET_PDEATHSIG -> execve(bwrap, minimal env) -> every namespace unshared, read-only /usr,
     program read-only at /main.py, small tmpfs /tmp, cleared env -> python3 -I -S /main.py
+    (the program a child of bwrap's init, not pid 1; its stdin a sealed regular file, as on a judge)
 
 Why this process exists (each point was a measured failure of simpler designs):
 
@@ -86,6 +87,27 @@ def _write_all(fd: int, data) -> None:
         view = view[n:]
 
 
+_STDIN_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def _stdin_file(data: bytes) -> int:
+    """A test's input as a regular file, sealed read-only, at offset 0 (it becomes the program's fd 0).
+
+    A regular file, not a pipe, because the judges whose problems these are (Codeforces, AtCoder, LeetCode's
+    stdin runs) give stdin as a file: the fast-input idiom ``os.read(0, os.fstat(0).st_size)`` reads it all
+    there and reads nothing from a pipe (size 0), so a right program scored 0. Sealed (no write, grow or
+    shrink; the seals themselves sealed), so a program cannot change what it reads, even through /proc."""
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        _write_all(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _STDIN_SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def send(obj) -> None:
     data = marshal.dumps(obj)
     _write_all(1, FRAME.pack(len(data)))
@@ -100,9 +122,8 @@ class Run:
         self.pid = 0
         self.start = time.monotonic()
         self.deadline = min(self.start + group.limits["test_timeout_s"], group.deadline_from(self.start))
-        self.stdin_view = memoryview(group.inputs[idx][0])
         self.cap = group.inputs[idx][1]
-        self.stdin_fd = self.out_fd = self.err_fd = -1
+        self.out_fd = self.err_fd = -1
         self.out_chunks: list[bytes] = []
         self.out_len = 0
         self.err = b""
@@ -176,10 +197,13 @@ class Executor:
         py = [self.cfg["interpreter"], *self.cfg["python_args"]]
         if not self.sandboxed:
             return py + ["/dev/fd/3"]
-        # --as-pid-1: the program is the namespace's init, so bwrap returns only once every process
-        # in it is gone (with bwrap's own init, bwrap exits as soon as the program does, while that
-        # init is still killing daemons: they would outlive the result).
-        a = [self.cfg["bwrap"], "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1"]
+        # bwrap's own init is the namespace's pid 1 and the program its child, so the program has a normal
+        # process's signal semantics: with --as-pid-1 the program was pid 1, which ignores signals it has
+        # no handler for, so a program that printed the right output and then SIGKILLed or SIGTERMed
+        # itself exited 0 here, while a judge reports a runtime error. bwrap exits with the program's
+        # status (128 + N for signal N); its init's leftovers die with the namespace, and a result is sent
+        # only once the slot is empty (below), so nothing outlives it.
+        a = [self.cfg["bwrap"], "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
         if self.cfg.get("disable_userns", True):
             a.append("--disable-userns")  # no nested user namespaces: less kernel surface
         a += ["--ro-bind", "/usr", "/usr"]
@@ -208,7 +232,7 @@ class Executor:
         group.next += 1
         run = Run(group, idx, slot)
         group.running.add(run)
-        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        stdin_r = _stdin_file(group.inputs[idx][0])
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         code_fd = os.memfd_create("program", os.MFD_CLOEXEC)  # one per run: bwrap reads it from offset 0
@@ -244,13 +268,9 @@ class Executor:
             os.close(fd)
         run.pid = pid
         self.runs_by_pid[pid] = run
-        run.stdin_fd, run.out_fd, run.err_fd = stdin_w, out_r, err_r
-        for fd in (stdin_w, out_r, err_r):
+        run.out_fd, run.err_fd = out_r, err_r
+        for fd in (out_r, err_r):
             os.set_blocking(fd, False)
-        if len(run.stdin_view):
-            self.sel.register(stdin_w, selectors.EVENT_WRITE, ("in", run))
-        else:
-            self._close_stdin(run)
         self.sel.register(out_r, selectors.EVENT_READ, ("out", run))
         self.sel.register(err_r, selectors.EVENT_READ, ("err", run))
 
@@ -292,23 +312,6 @@ class Executor:
         except (KeyError, ValueError):
             pass
         os.close(fd)
-
-    def _close_stdin(self, run: Run) -> None:
-        if run.stdin_fd >= 0:
-            self._unregister_close(run.stdin_fd)
-            run.stdin_fd = -1
-
-    def on_stdin(self, run: Run) -> None:
-        try:
-            n = os.write(run.stdin_fd, run.stdin_view[:READ_CHUNK])
-        except BlockingIOError:
-            return
-        except OSError:  # EPIPE: the program closed stdin or exited; the rest is not needed
-            self._close_stdin(run)
-            return
-        run.stdin_view = run.stdin_view[n:]
-        if not len(run.stdin_view):
-            self._close_stdin(run)
 
     def on_output(self, run: Run, which: str) -> None:
         fd = run.out_fd if which == "out" else run.err_fd
@@ -407,7 +410,6 @@ class Executor:
             if run is not None:
                 run.exit_status = status
                 run.exited_at = time.monotonic()
-                self._close_stdin(run)
                 self.maybe_finish(run)
             elif pid in self.cleaners:
                 slot, runs = self.cleaners.pop(pid)
@@ -592,9 +594,7 @@ class Executor:
                     self.on_stdin_frames()
                 else:
                     kind, run = tag
-                    if kind == "in":
-                        self.on_stdin(run)
-                    elif run.result is None:
+                    if run.result is None:
                         self.on_output(run, kind)
             self.reap()
 

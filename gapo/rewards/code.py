@@ -412,7 +412,11 @@ def _run_reason(res: RunResult) -> str:
     if res.exit_code:
         tail = res.stderr.decode("utf-8", errors="replace").rstrip()
         m = _EXC_NAME.match(tail[tail.rfind("\n") + 1:])
-        return f"runtime error ({m.group(1)})" if m else f"exit code {res.exit_code}"
+        if m:
+            return f"runtime error ({m.group(1)})"
+        # in the sandbox bwrap reports a program killed by signal N as exit code 128 + N
+        return f"exit code {res.exit_code}" + (f" (killed by signal {res.exit_code - 128}?)"
+                                               if 128 < res.exit_code < 160 else "")
     return ""
 
 
