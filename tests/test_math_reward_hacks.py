@@ -33,7 +33,15 @@ from gapo.rewards.math_answer import (
     score_math_batch,
 )
 from gapo.rewards.math_cases import CASES, HACKS
-from gapo.rewards.math_latex import NEGATIONS, RELATIONS, UNKNOWN_OPERATOR, operator_error, strip_formatting
+from gapo.rewards.math_latex import (
+    NEGATIONS,
+    RELATIONS,
+    UNICODE_OPERATORS,
+    UNKNOWN_OPERATOR,
+    operator_error,
+    strip_formatting,
+    unicode_operators,
+)
 from gapo.rewards.verify_pool import PoolBroken, VerifyPool
 
 KEYS = {"score", "acc", "pred", "format_error", "timeout", "reason"}
@@ -133,6 +141,12 @@ def test_no_negation_is_paid_as_what_it_negates(negation, pool):
     assert result["acc"] is False and result["reason"] in ("negated", "unknown_operator"), result
 
 
+def test_unicode_signs_are_their_macros():
+    assert unicode_operators("x \u2265 7") == "x \\geq  7"
+    assert unicode_operators("7 \u2223 8") == "7 \\mid  8" and unicode_operators("7") == "7"
+    assert all(v.startswith("\\") for v in UNICODE_OPERATORS.values())
+
+
 def test_a_gold_with_the_macro_lets_math_verify_compare():
     """Refusal is for macros the gold does not use: a gold that asks for a statement gets it compared."""
     assert operator_error(r"AB \parallel CD", [r"AB \parallel CD"]) == ""
@@ -143,7 +157,8 @@ def test_a_gold_with_the_macro_lets_math_verify_compare():
 
 @pytest.mark.parametrize("wrapped, plain", [
     (r"\textcolor{red}{7}", "7"), (r"{\color{red}7}", "7"), (r"\fcolorbox{a}{b}{\bm{7}}", "7"),
-    (r"\underline{\emph{\frac{1}{2}}}", r"\frac{1}{2}"), (r"\frac{\bm{3}}{4}", r"\frac{{3}}{4}"),
+    (r"\underline{\emph{\frac{1}{2}}}", r"\frac{1}{2}"), (r"\frac{\bm{3}}{4}", r"\frac{3}{4}"),
+    (r"\textbf{1}\textbf{7}", "17"), (r"2^\textbf{10}", "2^{10}"), (r"x_\bm{ij}", "x_{ij}"),
     (r"\hspace{2pt}7\hspace*{1em}", "7"), (r"\phantom{0}7", "7"), (r"\Large\bf 7", "7"),
     (r"5\,\text{cm}", r"5\,\text{cm}"), (r"\mathrm{d}x", r"\mathrm{d}x"), (r"\textcolor{red}{7", r"\textcolor{red}{7"),
 ])

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gapo.rewards import register_result_key
-from gapo.rewards.math_latex import evaluate_modulo, operator_error, strip_formatting
+from gapo.rewards.math_latex import evaluate_modulo, operator_error, strip_formatting, unicode_operators
 from gapo.rewards.verify_pool import Verdict, VerifyPool, get_pool
 
 logger = logging.getLogger(__name__)
@@ -304,10 +304,11 @@ def _repeating_to_fraction(m: re.Match) -> str:
 
 
 def normalize_answer(answer: str) -> str:
-    """Cheap rewrites math-verify does not do itself: no ``$``, no formatting macros (colour, weight, underline,
+    """Cheap rewrites math-verify does not do itself: no ``$``, Unicode relation signs as macros (``≥`` is
+    ``\\geq``), no formatting macros (colour, weight, underline,
     spacing: :func:`gapo.rewards.math_latex.strip_formatting`), thousands separators, e-notation, repeating
     decimals, integer residues (``15 \\bmod 8`` is 7), no final period."""
-    answer = strip_formatting(_UNESCAPED_DOLLAR.sub("", answer).strip())
+    answer = strip_formatting(unicode_operators(_UNESCAPED_DOLLAR.sub("", answer).strip()))
     if answer.endswith(".") and not answer.endswith(".."):  # "7." is 7; "1, 2, ..." keeps its dots
         answer = answer[:-1].rstrip()
     answer = answer.replace("\\varnothing", "\\emptyset")  # math-verify knows only the latter

@@ -49,7 +49,7 @@ DECLARATIONS = ("bf", "it", "rm", "sf", "tt", "sl", "em", "bfseries", "itshape",
                 "Huge", "displaystyle", "textstyle", "scriptstyle", "scriptscriptstyle")
 _MACRO = re.compile(r"\\([A-Za-z]+)\*?(?![A-Za-z])")
 _OPTIONAL = re.compile(r"\s*\[[^\]]*\]")  # \textcolor[rgb]{...}{...}
-_NUMBER_ONLY = re.compile(r"^\d+$")
+_PLAIN = re.compile(r"^\s*[0-9A-Za-z.]+\s*$")
 
 
 def _argument(text: str, pos: int) -> tuple[str, int] | None:
@@ -99,8 +99,11 @@ def _strip_once(text: str) -> str:
                 end = arg[1]
             if len(args) != WRAPPERS[name] + 1:
                 continue
-            # ``\mathrm{d}x`` stays readable; a braced group keeps the content's own grouping
-            out += [text[pos:m.start()], "{", args[-1], "}"]
+            # a braced group keeps the content's own grouping (``2^\textbf{12}`` is 2^{12}), except for a plain
+            # run of digits or letters not under ^ or _ (``\textbf{1}\textbf{7}`` is 17, not {1}{7})
+            before = text[pos:m.start()]
+            keep = not _PLAIN.match(args[-1]) or before.rstrip().endswith(("^", "_"))
+            out += [before, "{" if keep else "", args[-1], "}" if keep else ""]
             pos = end
         elif name in DROPPED_WITH_ARGUMENT:
             end = m.end()
@@ -117,6 +120,31 @@ def _strip_once(text: str) -> str:
             pos = m.end()
     out.append(text[pos:])
     return "".join(out)
+
+
+# Unicode relation and operator signs (NFKC keeps them) as the macros the screen below knows
+UNICODE_OPERATORS = {
+    "\u2265": "\\geq ", "\u2264": "\\leq ", "\u2260": "\\neq ", "\u2248": "\\approx ", "\u2223": "\\mid ",
+    "\u2224": "\\nmid ", "\u2225": "\\parallel ", "\u2226": "\\nparallel ", "\u22a5": "\\perp ", "\u2192": "\\to ",
+    "\u21d2": "\\Rightarrow ", "\u27f9": "\\implies ", "\u21d4": "\\iff ", "\u27fa": "\\iff ", "\u2194": "\\leftrightarrow ",
+    "\u2227": "\\wedge ", "\u2228": "\\vee ", "\u00ac": "\\neg ", "\u2295": "\\oplus ", "\u2297": "\\otimes ",
+    "\u2218": "\\circ ", "\u2217": "\\ast ", "\u22c6": "\\star ", "\u2261": "\\equiv ", "\u2262": "\\not\\equiv ",
+    "\u2245": "\\cong ", "\u223c": "\\sim ", "\u2241": "\\nsim ", "\u2243": "\\simeq ", "\u221d": "\\propto ",
+    "\u226a": "\\ll ", "\u226b": "\\gg ", "\u227a": "\\prec ", "\u227b": "\\succ ", "\u2282": "\\subset ",
+    "\u2286": "\\subseteq ", "\u2283": "\\supset ", "\u2287": "\\supseteq ", "\u2284": "\\not\\subset ",
+    "\u2288": "\\nsubseteq ", "\u2208": "\\in ", "\u2209": "\\notin ", "\u220b": "\\ni ", "\u220c": "\\not\\ni ",
+    "\u222a": "\\cup ", "\u2229": "\\cap ", "\u2216": "\\setminus ", "\u226e": "\\nless ", "\u226f": "\\ngtr ",
+    "\u2270": "\\nleq ", "\u2271": "\\ngeq ", "\u22a2": "\\vdash ", "\u2234": "\\therefore ", "\u2235": "\\because ",
+    "\u21a6": "\\mapsto ", "\u2250": "\\doteq ", "\u225c": "\\triangleq ", "\u2272": "\\lesssim ", "\u2273": "\\gtrsim ",
+    "\u2276": "\\lessgtr ", "\u2277": "\\gtrless ", "\u00d7": "\\times ", "\u00f7": "\\div ", "\u00b7": "\\cdot ",
+    "\u22c5": "\\cdot ", "\u00b1": "\\pm ", "\u2213": "\\mp ", "\u221e": "\\infty ",
+}
+_UNICODE_OPERATOR = re.compile("[" + "".join(UNICODE_OPERATORS) + "]")
+
+
+def unicode_operators(text: str) -> str:
+    """``≥ 7`` -> ``\\geq 7``: each sign of ``UNICODE_OPERATORS`` as its macro (what it means, screened below)."""
+    return _UNICODE_OPERATOR.sub(lambda m: UNICODE_OPERATORS[m.group()], text) if not text.isascii() else text
 
 
 def strip_formatting(text: str) -> str:
@@ -152,7 +180,8 @@ RELATIONS = ("<", ">", "\\lt", "\\gt", "\\le", "\\leq", "\\ge", "\\geq", "\\leqs
              "\\preceq", "\\succeq", "\\subset", "\\subseteq", "\\subsetneq", "\\supset", "\\supseteq", "\\supsetneq",
              "\\in", "\\ni", "\\notin", "\\mid", "\\nmid", "\\to", "\\rightarrow", "\\Rightarrow", "\\implies",
              "\\iff", "\\Leftrightarrow", "\\leftrightarrow", "\\mapsto", "\\perp", "\\parallel", "\\doteq",
-             "\\nless", "\\ngtr", "\\nleq", "\\ngeq", "\\lesssim", "\\gtrsim")
+             "\\nless", "\\ngtr", "\\nleq", "\\ngeq", "\\lesssim", "\\gtrsim", "\\lessgtr", "\\gtrless",
+             "\\triangleq", "\\asymp", "\\nsim", "\\ncong", "\\nparallel", "\\nsubseteq", "\\nsupseteq")
 NEGATIONS = ("\\ne", "\\neq", "\\not", "\\neg", "\\lnot", "\\nmid", "\\notin", "\\nless", "\\ngtr", "\\nleq",
              "\\ngeq", "\\nsim", "\\ncong", "\\nparallel", "\\nsubseteq", "\\nsupseteq")
 # statements and value-less operators: never a value; refused unless a gold holds the macro
@@ -165,15 +194,18 @@ UNKNOWN_OPERATOR = frozenset((
     "vee", "land", "lor", "oplus", "otimes", "ominus", "odot", "oslash", "bullet", "ast", "star", "circledast",
     "diamond", "backslash", "colon", "vdots", "wr", "amalg", "sqcup", "sqcap", "uplus", "vdash", "models",
     "therefore", "because", "bmod", "mod", "pmod", "pod", "lesssim", "gtrsim", "nless", "ngtr", "nleq", "ngeq",
-    "circ",
+    "circ", "lessgtr", "gtrless", "triangleq", "asymp", "bowtie", "vDash", "Vdash", "rightleftharpoons",
+    "leftrightarrows", "eqsim", "backsim", "circeq", "eqcirc", "sqsubseteq", "sqsupseteq", "notin",
 ))
 _INFIX_FUNCTIONS = ("gcd", "lcm")  # ``\gcd(7, 8)`` is a value; ``7 \gcd 8`` is not
 _TEXT_ARG = re.compile(r"\\(?:text|operatorname|mathrm)\s*\{[^{}]*\}")
 _INT = r"(-?\d+)"
 _MOD_ARG = r"\s*(?:\{\s*(\d+)\s*\}|(\d+))"
-_RESIDUE = re.compile(rf"^{_INT}\s*\\(?:bmod|mod){_MOD_ARG}\s*$")
+_MOD_WORD = r"(?:\\(?:bmod|mod)(?![A-Za-z])|\\(?:text|mathrm|operatorname)\s*\{\s*mod\s*\})"
+_RESIDUE = re.compile(rf"^{_INT}\s*(?:\\[ ,;]\s*)*(?:\\left)?\(?\s*{_MOD_WORD}{_MOD_ARG}\s*(?:\\right)?\)?\s*$")
 _RESIDUE_P = re.compile(rf"^{_INT}\s*(?:\\pmod|\\pod){_MOD_ARG}\s*$")
 _CONGRUENCE = re.compile(rf"^[A-Za-z]\s*\\equiv\s*{_INT}\s*(?:\\pmod|\\pod|\\bmod|\\mod){_MOD_ARG}\s*$")
+_PERCENT_INFIX = re.compile(r"(?:\\%|(?<!\\)%)\s*(?:[0-9A-Za-z(]|\\(?!right|\\|[,;:! ]))")
 _DEGREE = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ(?![A-Za-z]))")
 _RELATION_TOKEN = re.compile("|".join(sorted((re.escape(r) + ("(?![A-Za-z])" if r[0] == "\\" else "")
                                               for r in RELATIONS), key=len, reverse=True)))
@@ -201,6 +233,8 @@ def _macros(text: str) -> set[str]:
         if name in _INFIX_FUNCTIONS and not re.match(r"\s*(?:\(|\\left)", text[m.end():]):
             name = f"infix {name}"
         names.add(name)
+    if _PERCENT_INFIX.search(text):
+        names.add("mod")  # ``7 \\% 8``: a percent sign between two values is a programmer's modulo
     if "\\{" in text or "\\lbrace" in text:
         names.discard("mid")  # set-builder notation: ``\{x \mid x > 0\}``
     elif text.replace("\\|", "").count("|") % 2:
