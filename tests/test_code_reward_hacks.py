@@ -481,6 +481,9 @@ SELF_KILLS = {
     "process_group": "os.killpg(0, signal.SIGKILL)\n",
     "sigint": "os.kill(os.getpid(), signal.SIGINT)\n",
     "abort": "os.abort()\n",
+    "sigusr1": "os.kill(os.getpid(), signal.SIGUSR1)\nimport time\ntime.sleep(1)\n",
+    "alarm": "signal.setitimer(signal.ITIMER_REAL, 0.05)\nimport time\ntime.sleep(1)\n",
+    "sighup_group": "os.kill(0, signal.SIGHUP)\nimport time\ntime.sleep(1)\n",
     "atexit_kill": "import atexit\natexit.register(lambda: os.kill(os.getpid(), signal.SIGKILL))\n",
     "thread_kill": "import threading\nthreading.Thread(target=lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
                    "import time\ntime.sleep(1)\n",
