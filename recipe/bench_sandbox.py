@@ -78,7 +78,7 @@ def bench(n_tests: int, repeats: int) -> dict:
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            out = compute_code_score("bench", f"```python\n{code}```", gt, sandbox=sandbox)
+            out = compute_code_score("deepcoder_lcb", f"```python\n{code}```", gt, sandbox=sandbox)
             times.append(time.perf_counter() - t)
             assert out["score"] == 1.0 and out["total"] == 15, out
         problem_s[name] = statistics.median(times)

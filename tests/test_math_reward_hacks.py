@@ -7,6 +7,9 @@ r"""Math reward against answers a policy could be paid for without being right (
   equation (``2+2=7``);
 - Unicode: fullwidth, math-bold, other-script digits, invisible characters normalised before parsing;
 - the scorer never raises: every failure is a 0 with a ``reason``.
+- second red team (``gapo.rewards.math_latex``): relations with no side, negations, and statements or value-less
+  operators are never paid as one of their sides (every macro of the table is tried); formatting wrappers,
+  nested or around fractions, do not turn a right answer wrong.
 
 The verdicts live in :data:`gapo.rewards.math_cases.HACKS` (shared with ``recipe.bench_math_reward
 --table hacks``); this file adds the option, the helpers and the failure paths.

@@ -10,7 +10,7 @@ can be held across the fork), through this chain::
     rlimits (AS, CPU, FSIZE, NOFILE, NPROC, CORE) -> drop to the slot's own non-root uid
     -> PR_SET_PDEATHSIG -> execve(bwrap, minimal env) -> every namespace unshared, read-only /usr,
     program read-only at /main.py, small tmpfs /tmp, cleared env -> python3 -I -S /main.py
-    (the program a child of bwrap's init, not pid 1; its stdin a sealed regular file, as on a judge)
+    (pid 1 a shell, the program its child: normal signal semantics; its stdin a sealed regular file, as on a judge)
 
 Why this process exists (each point was a measured failure of simpler designs):
 
@@ -114,6 +114,12 @@ def send(obj) -> None:
     _write_all(1, data)
 
 
+# PID 1 of a test's namespace: a shell that runs the program as its child and exits with its status (128 + N
+# for a death by signal N); its exit ends the namespace (the kernel kills what is left, and bwrap returns
+# once all is gone). Not bwrap's own init: measured 15-25% slower per test here, against 5-9% for the shell.
+INIT_SHELL = ["/bin/sh", "-c", '"$@"; exit $?', "sh"]  # not a lone "$@": a shell may exec a last command
+
+
 class Run:
     """One test process: its pipes, buffers, deadline and outcome."""
 
@@ -197,13 +203,11 @@ class Executor:
         py = [self.cfg["interpreter"], *self.cfg["python_args"]]
         if not self.sandboxed:
             return py + ["/dev/fd/3"]
-        # bwrap's own init is the namespace's pid 1 and the program its child, so the program has a normal
-        # process's signal semantics: with --as-pid-1 the program was pid 1, which ignores signals it has
-        # no handler for, so a program that printed the right output and then SIGKILLed or SIGTERMed
-        # itself exited 0 here, while a judge reports a runtime error. bwrap exits with the program's
-        # status (128 + N for signal N); its init's leftovers die with the namespace, and a result is sent
-        # only once the slot is empty (below), so nothing outlives it.
-        a = [self.cfg["bwrap"], "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+        # --as-pid-1: bwrap returns only once every process in the namespace is gone (with bwrap's own init
+        # it returns when the program does). PID 1 is INIT_SHELL, the program its child: a normal process.
+        # As pid 1 the program ignored the signals it has no handler for, so one that printed the right output
+        # and then SIGKILLed or SIGTERMed itself exited 0 here, while a judge reports a runtime error.
+        a = [self.cfg["bwrap"], "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1"]
         if self.cfg.get("disable_userns", True):
             a.append("--disable-userns")  # no nested user namespaces: less kernel surface
         a += ["--ro-bind", "/usr", "/usr"]
@@ -222,7 +226,7 @@ class Executor:
         for key, value in MINIMAL_ENV.items():
             a += ["--setenv", key, value]
         a += ["--setenv", "HOME", "/tmp", "--"]
-        return a + py + [PROGRAM_PATH]
+        return a + INIT_SHELL + py + [PROGRAM_PATH]
 
     def _uid(self, slot: int) -> int:
         return self.uids[slot]

@@ -46,6 +46,13 @@ reading would pay for an answer that is not one), applied in this order:
    - *an equation must be true*: one whose constant sides differ (``2+2=7``, ``x = 3 = 4``) is wrong
      (``false_equation``); a true one is read by its last side (``2+2=4`` for 4 is right);
    - *a set is not a tuple*: ``\\{1, 2\\}`` for the pair / interval ``(1, 2)`` is wrong.
+   - *a statement is not a value* (:mod:`gapo.rewards.math_latex`, checked before math-verify): a relation
+     with no side (``\\geq 7``: ``sideless_relation``), a negation with no left side (``\\ne 7``: ``negated``),
+     and statements or value-less operators math-verify reads as one of their sides (``7 \\mid 8``,
+     ``7 \\parallel 8``, ``7 \\in 8``, ``7 \\cup 8``: ``unknown_operator``) are wrong unless the gold uses the
+     same macro; Unicode signs (``≥``, ``∣``) count as their macros; integer residues are evaluated
+     (``15 \\bmod 8`` is 7). Formatting (colour, bold, underline, size, spacing) is stripped from both sides
+     first (``\\textcolor{red}{7}`` is 7).
 
    A ground truth given as a list accepts any of its items.
    Timeout (soft alarm in the worker or hard kill): score 0, ``timeout``.
