@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from eval.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning, default_ks, spread, summarize
+from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning, default_ks, spread, summarize
 
 SUMMARY_FILE, TABLE_FILE, PLOT_FILE, RUN_FILE = "summary.json", "results.md", "passk.png", "run.json"
 AGGREGATE_FILE, AGGREGATE_TABLE_FILE = "aggregate.json", "aggregate.md"
@@ -177,7 +177,7 @@ def aggregate_runs(runs: list[tuple[str, dict]]) -> dict:
 
     Returns (JSON-ready): ``{"checkpoints": [labels], "n", "coverage_threshold", "ks", "benchmarks": {name:
     {"pass@k": {k: spread}, "coverage": spread of covered problems, "coverage_frac": spread, "problems":
-    [per checkpoint], "complete": bool}}}``, a spread being :func:`eval.passk.spread` (mean, sample std, min,
+    [per checkpoint], "complete": bool}}}``, a spread being :func:`gapo.passk.spread` (mean, sample std, min,
     max, count) plus ``values`` (one per checkpoint, None where that checkpoint lacks the benchmark).
     """
     if not runs:

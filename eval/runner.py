@@ -24,9 +24,9 @@ from pathlib import Path
 from eval.checkpoint import resolve_model
 from eval.data import Benchmark, Problem, load_benchmarks
 from eval.generate import Request, SamplingConfig, encode_prompt, make_backend, render_prompt, sample_seed
-from eval.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning
 from eval.records import SampleStore
 from eval.report import RUN_FILE, summarize_run, write_reports
+from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning
 
 # Settings that change what is sampled or how it is judged: a resumed run must use the same ones.
 RESUME_KEYS = ("model", "n", "temperature", "top_p", "max_new_tokens", "seed", "require_think")

@@ -211,7 +211,7 @@ def val_names(s: StudySettings) -> list[str]:
 
 def _spread(values: list[float]) -> dict:
     """Mean and sample standard deviation across seeds (eval's own `spread`), with the values."""
-    from eval.passk import spread
+    from gapo.passk import spread
 
     sp = spread(values)
     return {"mean": sp["mean"], "std": sp["std"] or 0.0, "values": list(values)}

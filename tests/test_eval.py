@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.passk import default_ks, group_counts, mean_pass_at_k, pass_at_k, passk_metrics, summarize
+from gapo.passk import default_ks, group_counts, mean_pass_at_k, pass_at_k, passk_metrics, summarize
 from tests.conftest import missing_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,8 +254,8 @@ def test_scripted_answers_are_scored_by_the_training_reward_into_exact_passk(tmp
     if shutil.which("bwrap") is None:
         missing_tool("the code reward needs bubblewrap (Debian: apt-get install bubblewrap)")
     from eval.data import load_benchmarks
-    from eval.passk import pass_at_k as pk
     from eval.runner import EvalConfig, evaluate
+    from gapo.passk import pass_at_k as pk
 
     data = prepare_math(tmp_path / "math")
     code = write_code_benchmark(tmp_path / "code" / "code_fixture.parquet")
@@ -495,7 +495,7 @@ def test_end_to_end_from_a_verl_checkpoint_and_resume(e2e):
 def test_estimator_is_exact_at_n_256():
     """pass@k of n = 256 (the Qwen / Llama evaluations report pass@256) is the float nearest the exact
     fraction for every c and every reported k; the benchmark mean is rounded once from the exact sum."""
-    from eval.passk import pass_at_k_exact
+    from gapo.passk import pass_at_k_exact
 
     n = 256
     for k in default_ks(n):
@@ -534,9 +534,9 @@ def test_large_n_runs_in_bounded_calls_keeps_counts_only_and_resumes_mid_problem
     slices), the store holds per-problem counts and no response, pass@k is exact, and a run killed in the middle
     of a problem's slices resumes to the same records."""
     from eval.data import load_benchmarks
-    from eval.passk import pass_at_k as pk
     from eval.records import ProblemStats, SampleStore
     from eval.runner import EvalConfig, evaluate
+    from gapo.passk import pass_at_k as pk
 
     data = prepare_math(tmp_path / "math", limit=2)
     specs = [str(data / "aime24.parquet")]
@@ -611,7 +611,7 @@ def test_chunked_hf_generation_gives_the_same_records_as_whole_problems(tmp_path
 # ------------------------------------------------------------ coverage as the paper reports it
 def test_coverage_threshold_needs_enough_samples():
     """5% at n = 16: one success (6.25%) already counts. At n = 64 a problem needs 4 (3/64 = 4.7% does not)."""
-    from eval.passk import coverage_resolution, coverage_warning, min_successes
+    from gapo.passk import coverage_resolution, coverage_warning, min_successes
 
     assert summarize([(16, 1)])["coverage"]["problems"] == 1
     assert summarize([(64, 3)])["coverage"]["problems"] == 0

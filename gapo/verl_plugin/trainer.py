@@ -40,9 +40,9 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
-from eval.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics, spread
 from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow, step_correlation
 from gapo.groups import group_statistics, session_final_rows
+from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics, spread
 from gapo.rate_buckets import CLIPFRAC_KR, bucket_label
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin

@@ -53,7 +53,7 @@ def validation_settings(config: DictConfig) -> tuple[float, int]:
     rate in [0, 1); default 0.05, as ``python -m eval --coverage-threshold``) and ``trainer.val_window`` (how many
     of the latest validations ``val-passk-window/*`` averages, >= 1; default 4): the paper's coverage figures are
     averages late in training, not one validation's value."""
-    from eval.passk import DEFAULT_COVERAGE_THRESHOLD
+    from gapo.passk import DEFAULT_COVERAGE_THRESHOLD
 
     threshold = config.trainer.get("val_coverage_threshold", DEFAULT_COVERAGE_THRESHOLD)
     window = config.trainer.get("val_window", 4)
