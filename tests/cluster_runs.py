@@ -100,15 +100,8 @@ LAUNCH_OVERRIDES = ["data.train_max_samples=16", "trainer.experiment_name=launch
 
 
 def _node_workers(cluster, index: int) -> list[int]:
-    """pids of verl's actor workers (WorkerDict) among node `index`'s processes."""
-    pids = []
-    for proc in cluster.runs[index].processes():
-        try:
-            if proc.name().startswith("ray::WorkerDict"):
-                pids.append(proc.pid)
-        except psutil.Error:  # a process that just ended
-            continue
-    return pids
+    """pids of verl's actor workers among node `index`'s processes."""
+    return [proc.pid for proc in actor_workers(cluster.runs[index]).values()]
 
 
 def _ray_job(env: dict, *args: str) -> str:

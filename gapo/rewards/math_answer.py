@@ -80,6 +80,7 @@ from fractions import Fraction
 
 from gapo.rewards import register_result_key
 from gapo.rewards.math_latex import evaluate_modulo, operator_error, strip_formatting, unicode_operators
+from gapo.rewards.math_latex import match_braces as _match_braces
 from gapo.rewards.verify_pool import Verdict, VerifyPool, get_pool
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,6 @@ REASONS = FORMAT_REASONS + (
 register_result_key("reason", "")
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_BRACE_OR_ESCAPE = re.compile(r"[{}\\]")
 # ``\boxed 7``: one token up to a space, ``$``, or a closing math delimiter ``\)`` / ``\]``.
 _BARE_TOKEN = re.compile(r"(?:[^\s$\\]|\\[^\s)\]])+")
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
@@ -233,24 +233,6 @@ def answer_region(response: str, require_think: bool = False) -> str | None:
     if require_think or THINK_OPEN in response:
         return None
     return response
-
-
-def _match_braces(text: str, open_pos: int) -> int | None:
-    """Index just past the ``}`` closing the ``{`` at ``open_pos``; ``None`` if it never closes."""
-    depth = 0
-    pos = open_pos
-    while True:
-        m = _BRACE_OR_ESCAPE.search(text, pos)
-        if m is None:
-            return None
-        ch = m.group()
-        if ch == "\\":
-            pos = m.end() + 1  # skip the escaped character: \{ \} \\ do not count
-            continue
-        depth += 1 if ch == "{" else -1
-        pos = m.end()
-        if depth == 0:
-            return pos
 
 
 def _box_at(text: str, match: re.Match) -> tuple[str, int] | None:

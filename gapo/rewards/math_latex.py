@@ -47,9 +47,27 @@ DROPPED_WITH_ARGUMENT = ("color", "hspace", "vspace", "phantom", "hphantom", "vp
 DECLARATIONS = ("bf", "it", "rm", "sf", "tt", "sl", "em", "bfseries", "itshape", "mdseries", "upshape", "normalfont",
                 "tiny", "scriptsize", "footnotesize", "small", "normalsize", "large", "Large", "LARGE", "huge",
                 "Huge", "displaystyle", "textstyle", "scriptstyle", "scriptscriptstyle")
+_BRACE_OR_ESCAPE = re.compile(r"[{}\\]")
 _MACRO = re.compile(r"\\([A-Za-z]+)\*?(?![A-Za-z])")
 _OPTIONAL = re.compile(r"\s*\[[^\]]*\]")  # \textcolor[rgb]{...}{...}
 _PLAIN = re.compile(r"^\s*[0-9A-Za-z.]+\s*$")
+
+
+def match_braces(text: str, open_pos: int) -> int | None:
+    """Index just past the ``}`` closing the ``{`` at ``open_pos``; ``None`` if it never closes."""
+    depth = 0
+    pos = open_pos
+    while True:
+        m = _BRACE_OR_ESCAPE.search(text, pos)
+        if m is None:
+            return None
+        if m.group() == "\\":
+            pos = m.end() + 1  # skip the escaped character: \{ \} \\ do not count
+            continue
+        depth += 1 if m.group() == "{" else -1
+        pos = m.end()
+        if depth == 0:
+            return pos
 
 
 def _argument(text: str, pos: int) -> tuple[str, int] | None:
@@ -63,18 +81,8 @@ def _argument(text: str, pos: int) -> tuple[str, int] | None:
             m = _MACRO.match(text, pos)
             return (m.group(), m.end()) if m else (text[pos:pos + 2], pos + 2)
         return text[pos], pos + 1
-    depth, i = 0, pos
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        depth += ch == "{"
-        depth -= ch == "}"
-        i += 1
-        if depth == 0:
-            return text[pos + 1:i - 1], i
-    return None  # unclosed: left as it is
+    end = match_braces(text, pos)
+    return None if end is None else (text[pos + 1:end - 1], end)  # unclosed: None, left as it is
 
 
 def _strip_once(text: str) -> str:
@@ -207,8 +215,9 @@ _RESIDUE_P = re.compile(rf"^{_INT}\s*(?:\\pmod|\\pod){_MOD_ARG}\s*$")
 _CONGRUENCE = re.compile(rf"^[A-Za-z]\s*\\equiv\s*{_INT}\s*(?:\\pmod|\\pod|\\bmod|\\mod){_MOD_ARG}\s*$")
 _PERCENT_INFIX = re.compile(r"(?:\\%|(?<!\\)%)\s*(?:[0-9A-Za-z(]|\\(?!right|\\|[,;:! ]))")
 _DEGREE = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ(?![A-Za-z]))")
-_RELATION_TOKEN = re.compile("|".join(sorted((re.escape(r) + ("(?![A-Za-z])" if r[0] == "\\" else "")
-                                              for r in RELATIONS), key=len, reverse=True)))
+_RELATIONS_LONGEST_FIRST = sorted(RELATIONS, key=len, reverse=True)
+_RELATION_TOKEN = re.compile("|".join(re.escape(r) + ("(?![A-Za-z])" if r[0] == "\\" else "")
+                                      for r in _RELATIONS_LONGEST_FIRST))
 # membership that says something: a variable (or a tuple of them) in a set, the whole answer
 _MEMBERSHIP = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+|\(\s*[A-Za-z](?:\s*,\s*[A-Za-z])*\s*\))\s*\\in(?![A-Za-z])")
 _SPACING = re.compile(r"^(?:\s|\\[,;:! ]|\\quad(?![A-Za-z])|\\qquad(?![A-Za-z]))+")
@@ -265,7 +274,7 @@ def _leading_relation(item: str) -> str | None:
 
 def _trailing_relation(item: str) -> str | None:
     item = item.rstrip()
-    for rel in sorted(RELATIONS, key=len, reverse=True):
+    for rel in _RELATIONS_LONGEST_FIRST:
         if item.endswith(rel) and not (rel[0] == "\\" and item[:-len(rel)].endswith("\\")):
             return rel
     return None
@@ -294,7 +303,8 @@ def operator_error(answer: str, golds: list[str]) -> str:
         trail = _trailing_relation(item)
         if trail and item.strip() != trail:
             return SIDELESS
-    unknown = {m for m in _macros(answer) - gold_macros if m in UNKNOWN_OPERATOR or m.startswith("infix ")}
-    if "in" in _macros(answer) - gold_macros and not _MEMBERSHIP.match(answer):
+    macros = _macros(answer) - gold_macros
+    unknown = {m for m in macros if m in UNKNOWN_OPERATOR or m.startswith("infix ")}
+    if "in" in macros and not _MEMBERSHIP.match(answer):
         unknown.add("in")  # ``x \in (1, 2)`` is solved; ``7 \in 8`` is read as 8
     return UNKNOWN if unknown else ""
