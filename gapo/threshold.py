@@ -104,6 +104,36 @@ def eps_high_schedule(
     return torch.expm1(log_low + (log_max - log_low) * u)
 
 
+def rollout_eps_high(
+    num_correct: torch.Tensor,
+    group_size: torch.Tensor,
+    success: torch.Tensor,
+    positive: torch.Tensor,
+    eps_low: float,
+    eps_high_max: float,
+    schedule: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each rollout's upper clip under GAPO's rule, and which rollouts get the adaptive one (no host sync).
+
+    A rollout gets eps_high(c, k) when it is a success (its own reward above the success threshold) AND its
+    advantage is positive; every other rollout keeps eps_low. The sign of the advantage alone is not enough:
+    with partial credit, penalties or reward-model scores a failing rollout can have A > 0 in a group with
+    c = 0. Shared by the verl loss (`gapo.verl_plugin.losses`) and the TRL trainer (`gapo.integrations.trl`).
+
+    Args:
+        num_correct, group_size: (B,) c and k of each rollout's group (any float/int dtype).
+        success: (B,) bool, the rollout's own success; positive: (B,) bool, its advantage is > 0.
+        eps_low, eps_high_max, schedule: as in `adaptive_eps_high` (validated by the caller's config).
+
+    Returns:
+        ((B,) float32 upper clips on `positive`'s device, (B,) bool mask of the rollouts with the adaptive one).
+    """
+    device = positive.device
+    adaptive = success.to(device=device, dtype=torch.bool) & positive
+    eps_c = eps_high_schedule(num_correct.to(device), group_size.to(device), eps_low, eps_high_max, schedule)
+    return torch.where(adaptive, eps_c, torch.full_like(eps_c, eps_low)), adaptive
+
+
 def threshold_table(group_size: int, eps_low: float, eps_high_max: float, schedule: str = "linear") -> list[dict]:
     """Rows c = 1..k with the correct rollout's advantage (k - c) / k and its eps_high; c = 0 has no correct one."""
     counts = torch.arange(1, group_size + 1)

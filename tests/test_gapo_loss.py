@@ -165,10 +165,11 @@ def _group_case(rewards, threshold):
 
 
 def _bounds_and_grad(rewards, threshold, loss_mode="gapo"):
-    from gapo.verl_plugin.losses import per_rollout_eps_high
+    from gapo.threshold import rollout_eps_high
 
     adv, mask, stats = _group_case(rewards, threshold)
-    eps, _ = per_rollout_eps_high(stats, adv.sum(-1) > 0, EPS_LOW, EPS_MAX, "linear")
+    eps, _ = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, adv.sum(-1) > 0, EPS_LOW, EPS_MAX,
+                              "linear")
     old = torch.full_like(adv, -1.0)
     new = old + torch.log(torch.tensor(RATIO))
     cfg = actor_config(loss_mode, lo=EPS_LOW, hi=EPS_MAX, agg="token-mean" if loss_mode == "gapo_token" else

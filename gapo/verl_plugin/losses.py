@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -45,14 +44,10 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
+from gapo.clip_diagnostics import diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
-from gapo.rate_buckets import bucket_ids, num_buckets
-from gapo.surrogate import (
-    per_success_count_table,
-    sequence_clipped_surrogate,
-    token_clipped_surrogate,
-)
-from gapo.threshold import eps_high_schedule
+from gapo.surrogate import sequence_clipped_surrogate, token_clipped_surrogate
+from gapo.threshold import rollout_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
 
 NUM_CORRECT_KEY = "gapo_num_correct"
@@ -63,15 +58,9 @@ STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 STEP_KEY = "gapo_step"
 ROWS_ENV = "GAPO_DEBUG_LOSS_ROWS"
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
-# Prefix of the raw per-c sums the loss reports; the trainer turns them into gapo/* metrics.
+# Prefix of the raw per-c sums the loss reports (`gapo.clip_diagnostics.named_sums`: f"{SUMS_PREFIX}/c{c}/{name}",
+# f"{SUMS_PREFIX}/kr{id}/{name}", ...); the trainer turns them into gapo/* metrics.
 SUMS_PREFIX = "gapo_sums"
-# Columns of `gapo.surrogate.per_success_count_table`: per c, sums over the adaptive rollouts' real tokens of
-# (clipped, |ratio - 1|, 1, advantage), and their count; the trainer divides by `tokens` (token-weighted means).
-SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts", "advantage")
-# The same sums per (group size, success rate) bucket (`gapo.rate_buckets`), the clip fraction's two columns only:
-# f"{SUMS_PREFIX}/kr{id}/{name}"
-KR_SUM_NAMES = ("clipped", "tokens")
-KR_COLUMNS = [SUM_NAMES.index(name) for name in KR_SUM_NAMES]
 
 MISSING_STATS_HELP = (
     "GAPO loss '{mode}' got no per-rollout group statistics: it needs the GAPO trainer, which computes each "
@@ -169,19 +158,6 @@ def _gapo_settings(config, mode: str) -> GAPOConfig:
     return policy_loss
 
 
-def per_rollout_eps_high(stats: GroupStats, positive: torch.Tensor, eps_low: float, eps_high_max: float,
-                         schedule: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B,) float32 upper clips and the (B,) bool mask of rollouts that get the adaptive one.
-
-    A rollout gets eps_high(c, k) when it is a success with a positive advantage, eps_low otherwise.
-    """
-    device = positive.device
-    adaptive = stats.success.to(device) & positive
-    eps_c = eps_high_schedule(stats.num_correct.to(device), stats.group_size.to(device), eps_low, eps_high_max,
-                              schedule)
-    return torch.where(adaptive, eps_c, torch.full_like(eps_c, eps_low)), adaptive
-
-
 def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     stats = _GROUP_STATS.get()
     if stats is None:
@@ -196,7 +172,8 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     # advantage is positive, and the per-c diagnostics sum it (mean advantage per c, token-weighted)
     advantage_sum = (advantages.detach().float() * response_mask).sum(-1)
     positive = advantage_sum > 0
-    eps_high, adaptive = per_rollout_eps_high(stats, positive, eps_low, eps_high_max, settings.schedule)
+    eps_high, adaptive = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, positive, eps_low,
+                                          eps_high_max, settings.schedule)
 
     if mode == "gapo":
         terms = sequence_clipped_surrogate(log_prob, old_log_prob, advantages, response_mask, eps_low, eps_high)
@@ -211,47 +188,22 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
         n_tokens = terms.tokens.sum().clamp(min=1)
         values = [terms.clipped_tokens.sum() / n_tokens, -terms.log_ratio_sum.sum() / n_tokens,
                   terms.dual_clipped_tokens.sum() / n_tokens]
-        table = None
-        if settings.diagnostics:
-            # rows c = 0..max_count (the step's largest group; rollout_n without VIGOR) of SUM_NAMES over adaptive
-            # rollouts; row 0 unused
-            max_count = stats.max_count if stats.max_count is not None else config.rollout_n
-            device = n_tokens.device
-            table = per_success_count_table(terms, stats.num_correct.to(device), adaptive, max_count, advantage_sum)
-            # the same rollouts by (k, c / k) bucket: VIGOR's groups differ in size, so c alone mixes 1/2 with 1/47
-            buckets = bucket_ids(stats.num_correct.to(device), stats.group_size.to(device), max_count)
-            kr_table = per_success_count_table(terms, buckets, adaptive, num_buckets(max_count),
-                                               advantage_sum)[:, KR_COLUMNS]
-            values += [(eps_high * adaptive).sum(), adaptive.sum()]
-        # one device-to-host transfer for every metric of the micro-batch
         parts = [torch.stack(values).float()]
-        if table is not None:
-            parts += [table.reshape(-1), kr_table.reshape(-1)]
-        ends = list(itertools.accumulate(p.numel() for p in parts))  # where each part ends (no host sync)
+        if settings.diagnostics:
+            # rows c = 0..max_count (the step's largest group; rollout_n without VIGOR); row 0 unused
+            max_count = stats.max_count if stats.max_count is not None else config.rollout_n
+            parts += diagnostic_sums(terms, stats.num_correct, stats.group_size, adaptive, eps_high, advantage_sum,
+                                     max_count)
+        # one device-to-host transfer for every metric of the micro-batch
         flat = torch.cat(parts).tolist()
     if stats.rows is not None:  # the debugging dump (ROWS_ENV): the same per-rollout values the sums add up
         stats.rows.update(adaptive=adaptive, eps_high=eps_high, tokens=terms.tokens, clipped=terms.clipped_tokens,
                           ratio_dev=terms.ratio_dev_sum, advantage=advantage_sum)
     metrics = dict(zip(("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"), flat[:3]))
     if settings.diagnostics:
-        stats.sums.update(_named_sums(flat[3], flat[4], flat[ends[0]:ends[1]], flat[ends[1]:]))
+        sums = named_sums(flat[len(values):], [p.numel() for p in parts[1:]])
+        stats.sums.update({f"{SUMS_PREFIX}/{name}": value for name, value in sums.items()})
     return pg_loss, metrics
-
-
-def _named_sums(eps_high_sum: float, adaptive_rollouts: float, table: list[float],
-                kr_table: list[float] = ()) -> dict[str, float]:
-    """The flat (k_max + 1) x len(SUM_NAMES) table as f"{SUMS_PREFIX}/c{c}/{name}" (c >= 1), the flat
-    (buckets + 1) x len(KR_SUM_NAMES) one as f"{SUMS_PREFIX}/kr{id}/{name}" (id >= 1), plus the threshold sums.
-
-    Every micro-batch and rank reports every key (zeros where a c or bucket is absent): verl aggregates per key.
-    """
-    sums = {f"{SUMS_PREFIX}/eps_high_sum": eps_high_sum, f"{SUMS_PREFIX}/positive_rollouts": adaptive_rollouts}
-    for prefix, names, flat in (("c", SUM_NAMES, table), ("kr", KR_SUM_NAMES, kr_table)):
-        width = len(names)
-        for row in range(1, len(flat) // width):
-            for j, name in enumerate(names):
-                sums[f"{SUMS_PREFIX}/{prefix}{row}/{name}"] = flat[row * width + j]
-    return sums
 
 
 @register_policy_loss("gapo")

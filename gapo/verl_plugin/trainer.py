@@ -40,10 +40,10 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
-from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow, step_correlation
+from gapo.clip_diagnostics import is_adv_points, metrics_from_sums
+from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow
 from gapo.groups import group_statistics, session_final_rows
 from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics, spread
-from gapo.rate_buckets import CLIPFRAC_KR, bucket_label
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
 from gapo.verl_plugin.config import resolve_gapo_clips
@@ -359,48 +359,16 @@ def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: d
                          coverage_threshold=float(coverage_threshold))
 
 
-# per-c diagnostic names (followed by c): the points of gapo/is_adv_corr
-RATIO_DEV_POS = "gapo/ratio_dev_pos/c"
-ADV_POS = "gapo/adv_pos/c"
-
-
 def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
-    """Pop the loss's raw sums out of `metrics` and return the paper's diagnostics as ratios.
+    """Pop the loss's raw sums (`actor/gapo_sums/...`) out of `metrics` and return the paper's diagnostics.
 
     The loss reports them as SUM-aggregated verl Metrics: verl sums them over a mini-batch's micro-batches,
     averages over data-parallel ranks and then over mini-batches, which scales every sum by the same factor,
     so numerator / denominator is the exact ratio over the step whatever the (dynamic) micro-batching.
-    Names (grouped under `gapo/` in W&B), over the successes with a positive advantage at each success count c
-    present, all token-weighted (sum over their real tokens / their tokens):
-    gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c} (mean |ratio - 1|), gapo/adv_pos/c{c} (mean advantage);
-    gapo/clipfrac_pos_kr/k{lo}-{hi}/rate{a}-{b}, the clip fraction per (group size, success rate) bucket present
-    (`gapo.rate_buckets`);
-    gapo/loss_eps_high_mean; gapo/is_adv_corr_levels (how many c are present) and, where defined,
-    gapo/is_adv_corr: the Pearson correlation of (ratio_dev_pos/c{c}, adv_pos/c{c}) over those c
-    (`gapo.diagnostics.pearson`). Nothing when the loss reported no sums (diagnostics off, baseline loss).
+    The metrics (`gapo.clip_diagnostics.metrics_from_sums`): per success count c present, over the successes with a
+    positive advantage, gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c}, gapo/adv_pos/c{c}; the (k, rate) bucket
+    clip fractions; gapo/loss_eps_high_mean; gapo/is_adv_corr(_levels). Nothing when the loss reported no sums
+    (diagnostics off, baseline loss).
     """
     prefix = f"actor/{SUMS_PREFIX}/"
-    sums = {key[len(prefix):]: metrics.pop(key) for key in list(metrics) if key.startswith(prefix)}
-    out = {}
-    if sums.get("positive_rollouts", 0) > 0:
-        out["gapo/loss_eps_high_mean"] = sums["eps_high_sum"] / sums["positive_rollouts"]
-    counts = sorted({int(key.split("/")[0][1:]) for key in sums if key.startswith("c")})
-    for bucket in sorted({int(key.split("/")[0][2:]) for key in sums if key.startswith("kr")}):
-        tokens = sums[f"kr{bucket}/tokens"]
-        if tokens > 0:
-            out[f"{CLIPFRAC_KR}{bucket_label(bucket)}"] = sums[f"kr{bucket}/clipped"] / tokens
-    for c in counts:
-        tokens = sums[f"c{c}/tokens"]
-        if tokens > 0:
-            out[f"gapo/clipfrac_pos/c{c}"] = sums[f"c{c}/clipped"] / tokens
-            out[f"{RATIO_DEV_POS}{c}"] = sums[f"c{c}/ratio_dev"] / tokens
-            out[f"{ADV_POS}{c}"] = sums[f"c{c}/advantage"] / tokens
-    if counts:
-        out.update(step_correlation(is_adv_points(out)))
-    return out
-
-
-def is_adv_points(diagnostics: dict) -> list[tuple[float, float]]:
-    """The step's per-c points (mean |ratio - 1|, mean advantage) from `diagnostics_from_sums`'s output, by c."""
-    levels = sorted(int(key[len(RATIO_DEV_POS):]) for key in diagnostics if key.startswith(RATIO_DEV_POS))
-    return [(diagnostics[f"{RATIO_DEV_POS}{c}"], diagnostics[f"{ADV_POS}{c}"]) for c in levels]
+    return metrics_from_sums({key[len(prefix):]: metrics.pop(key) for key in list(metrics) if key.startswith(prefix)})
