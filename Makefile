@@ -1,5 +1,5 @@
 # Commands users type. Everything installs itself into ./.venv on first use.
-#   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
+#   make install   create .venv: torch (CPU build, pinned) first, then this project with verl, dev tools and TRL
 #   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs): the default
 #                  environment, and beside it tests/vllm in the vLLM CPU environment (installed alongside)
@@ -84,7 +84,7 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_CPU)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,trl]'
 	$(PY) -c "import torch, verl, gapo; from verl.trainer.ppo.core_algos import get_policy_loss_fn; get_policy_loss_fn('gapo'); print('installed: torch', torch.__version__, 'verl', verl.__version__)"
 	touch $@
 
