@@ -1,0 +1,428 @@
+"""GAPO as TRL's GRPOTrainer loss (gapo.integrations.trl): the same loss and gradients as the verl path on identical
+tensors, each completion's (c, k, success) through TRL's shuffle and split, the errors and warnings of a
+misconfigured run, the import without verl, and a real training run of the smoke task's tiny model."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="the trl extra is not installed (pip install -e '.[trl]'; make install does)")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from gapo.config import GAPOConfig  # noqa: E402
+from gapo.integrations.trl import (  # noqa: E402
+    GROUP_SIZE_KEY,
+    NUM_CORRECT_KEY,
+    SUCCESS_KEY,
+    GAPOGRPOTrainer,
+    GAPOTRLConfig,
+    completion_group_statistics,
+    completion_success,
+    gapo_settings,
+)
+from gapo.smoke.task import compute_score, first_visible_char, make_prompt  # noqa: E402
+from gapo.smoke.tiny_model import build_tiny_model  # noqa: E402
+from tests.test_gapo_loss import actor_config, call  # noqa: E402
+
+EPS_LOW, EPS_MAX, K = 0.2, 0.28, 4
+REPO = Path(__file__).resolve().parents[1]
+
+
+def trl_args(tmp_path, **overrides):
+    """A small CPU configuration (off-policy: each generation feeds 4 optimizer steps, so the clip can bind)."""
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=K,
+                steps_per_generation=4, gradient_accumulation_steps=1, max_completion_length=8, max_steps=4,
+                learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
+                epsilon=EPS_LOW, epsilon_high=EPS_MAX, scale_rewards="none", temperature=1.0)
+    return GAPOTRLConfig(**{**base, **overrides})
+
+
+def prompt_rows(sizes):
+    """Dataset rows of the smoke task: one prompt per allowed-set size (small sets: rare successes)."""
+    pool = "0123456789abcdefghijklmnopqrstuvwxyz"
+    return [{"prompt": [{"role": "user", "content": make_prompt(pool[:size])}], "allowed": pool[:size]}
+            for size in sizes]
+
+
+def text_of(completion):
+    return completion[0]["content"] if isinstance(completion, list) else completion
+
+
+def smoke_reward(prompts, completions, allowed, **kwargs):
+    return [compute_score("gapo_smoke", text_of(c), a)["score"] for c, a in zip(completions, allowed)]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("trl") / "tiny")
+
+
+def make_trainer(tiny_model, args, reward=smoke_reward, sizes=(2, 12, 24, 36), model=None):
+    """GAPOGRPOTrainer on the tiny model (`model`: an already loaded one) and one prompt per allowed-set size."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    return GAPOGRPOTrainer(model=model if model is not None else str(tiny_model), reward_funcs=reward, args=args,
+                           train_dataset=Dataset.from_list(prompt_rows(sizes)),
+                           processing_class=AutoTokenizer.from_pretrained(tiny_model))
+
+
+# --- the loss on identical tensors: TRL's _compute_loss with GAPO's bounds == the verl plug-in's loss ---------------
+
+# Six completions of groups of 4 (T = 5 tokens, different lengths): (c, success, advantage, target ratio).
+# Bounds: c = 1 -> 0.28, c = 2 -> 0.25333, c = 3 -> 0.22667, not a success -> 0.2 (EPS_LOW).
+ROWS = [
+    (1, True, 0.75, 1.25),   # rare success: inside 1.28 (TRL's fixed 0.28 too)
+    (3, True, 0.25, 1.25),   # common success: GAPO clips at 1.2267, fixed 0.28 does not
+    (2, True, 0.5, 1.26),    # GAPO clips at 1.2533, fixed 0.28 does not
+    (2, False, -0.5, 0.7),   # failure, negative advantage: the lower clip 0.8 binds (the same for both)
+    (1, False, 0.1, 1.25),   # partial credit below the threshold, A > 0: keeps eps_low (0.2), so GAPO clips
+    (1, True, 0.75, 1.35),   # rare success past 1.28: clipped by both
+]
+LENGTHS = [5, 3, 4, 2, 5, 1]
+EXPECTED_EPS = [0.28, 0.2 + 0.08 / 3, 0.2 + 0.16 / 3, 0.2, 0.2, 0.28]
+
+
+def loss_case(level):
+    b, t = len(ROWS), 5
+    mask = torch.zeros(b, t)
+    for i, n in enumerate(LENGTHS):
+        mask[i, :n] = 1
+    old = -1.0 - torch.arange(b * t, dtype=torch.float32).reshape(b, t) / 40
+    # per-token deviations around each row's target ratio: some tokens cross their bound at token level
+    offsets = torch.tensor([0.03, -0.05, 0.08, -0.02, 0.0])
+    log_ratio = torch.log(torch.tensor([r[3] for r in ROWS])).unsqueeze(-1) + (offsets if level == "token" else 0)
+    new = old + log_ratio
+    adv = torch.tensor([r[2] for r in ROWS])
+    stats = {NUM_CORRECT_KEY: torch.tensor([float(r[0]) for r in ROWS]), GROUP_SIZE_KEY: torch.full((b,), float(K)),
+             SUCCESS_KEY: torch.tensor([r[1] for r in ROWS])}
+    return old, new, adv, mask, stats
+
+
+def trl_loss(trainer, monkeypatch, old, new, adv, mask, stats, plain=False):
+    """TRL's _compute_loss (GAPO's, or plain TRL's with `plain`) on given log-probs: (loss, grad, bounds TRL saw)."""
+    log_prob = new.clone().requires_grad_(True)
+    seen = {}
+
+    def fake_logps(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        seen["eps_high"] = self.epsilon_high
+        return log_prob, torch.zeros_like(log_prob), None
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", fake_logps)
+    b, t = mask.shape
+    inputs = {"prompt_ids": torch.zeros(b, 1, dtype=torch.long), "prompt_mask": torch.ones(b, 1, dtype=torch.long),
+              "completion_ids": torch.zeros(b, t, dtype=torch.long), "completion_mask": mask.long(),
+              "advantages": adv, "old_per_token_logps": old, "num_items_in_batch": mask.sum(), **stats}
+    loss = (GRPOTrainer._compute_loss if plain else GAPOGRPOTrainer._compute_loss)(trainer, trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), log_prob.grad, seen["eps_high"]
+
+
+@pytest.fixture(scope="module")
+def loss_trainer(tiny_model, tmp_path_factory):
+    trainer = make_trainer(tiny_model, trl_args(tmp_path_factory.mktemp("loss")))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+@pytest.mark.parametrize("level, loss_type, verl_mode, agg", [
+    ("sequence", "grpo", "gapo", "seq-mean-token-mean"),   # GSPO: TRL's grpo == verl's seq-mean-token-mean
+    ("token", "bnpo", "gapo_token", "token-mean"),          # TRL's bnpo == verl's token-mean over the micro-batch
+    ("token", "grpo", "gapo_token", "seq-mean-token-mean"),
+])
+def test_trl_loss_and_gradients_equal_the_verl_plugin(loss_trainer, monkeypatch, level, loss_type, verl_mode, agg):
+    trainer = loss_trainer
+    monkeypatch.setattr(trainer, "importance_sampling_level", level)
+    monkeypatch.setattr(trainer, "loss_type", loss_type)
+    trainer._gapo_sums["train"].clear()
+    old, new, adv, mask, stats = loss_case(level)
+    loss, grad, bounds = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
+
+    # every completion's own bound reached TRL's clamp
+    torch.testing.assert_close(bounds.squeeze(-1), torch.tensor(EXPECTED_EPS))
+    assert trainer.epsilon_high == EPS_MAX and trainer.epsilon_low == EPS_LOW  # restored after the loss
+    ref_loss, ref_grad, ref = call(verl_mode, actor_config(verl_mode, lo=EPS_LOW, hi=EPS_MAX, agg=agg, rollout_n=K),
+                                   old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(), mask,
+                                   stats[NUM_CORRECT_KEY], stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    # the diagnostic sums are the verl loss's, key by key
+    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
+    assert set(trainer._gapo_sums["train"]) == set(verl_sums)
+    for key, value in verl_sums.items():
+        assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+    assert verl_sums["c3/clipped"] > 0 and verl_sums["c2/clipped"] > 0  # GAPO's narrower bounds bind
+
+    # plain TRL (fixed 0.28 for every completion) on the same tensors gives another loss and gradient
+    plain_loss, plain_grad, plain_bounds = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats, plain=True)
+    assert plain_bounds == EPS_MAX
+    assert abs(plain_loss.item() - loss.item()) > 1e-3
+    assert not torch.allclose(plain_grad, grad)
+
+
+def test_constant_schedule_is_plain_trl(loss_trainer, monkeypatch):
+    """schedule='constant' gives every success with A > 0 eps_high_max: with binary rewards (success <=> A > 0) that
+    is exactly TRL's fixed asymmetric clip; a failure with A > 0 (partial credit, row 4) keeps eps_low under GAPO."""
+    trainer = loss_trainer
+    monkeypatch.setattr(trainer, "gapo", GAPOConfig(schedule="constant"))
+    monkeypatch.setattr(trainer, "importance_sampling_level", "token")
+    monkeypatch.setattr(trainer, "loss_type", "grpo")
+    old, new, adv, mask, stats = loss_case("token")
+    plain_loss, plain_grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats, plain=True)
+    loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, {**stats, SUCCESS_KEY: adv > 0})
+    torch.testing.assert_close(loss, plain_loss)
+    torch.testing.assert_close(grad, plain_grad)
+    loss, grad, bounds = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
+    assert bounds.squeeze(-1).tolist() == pytest.approx([EPS_MAX, EPS_MAX, EPS_MAX, EPS_LOW, EPS_LOW, EPS_MAX])
+    assert not torch.allclose(grad[4], plain_grad[4]) and torch.allclose(grad[:4], plain_grad[:4])
+
+
+# --- the group statistics -----------------------------------------------------------------------------------------
+
+def test_success_is_the_weighted_reward_above_the_threshold_and_unscored_fails():
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, 0.0], [0.4, 0.4], [nan, 0.9], [nan, nan], [0.2, nan], [0.6, -1.0]])
+    weights = torch.tensor([1.0, 0.5])
+    # weighted sums: 1.0, 0.6, 0.45, unscored, 0.2, 0.1
+    assert completion_success(rewards, weights, 0.5).tolist() == [True, True, False, False, False, False]
+    assert completion_success(rewards, weights, 0.15).tolist() == [True, True, True, False, True, False]
+
+
+def test_groups_are_contiguous_blocks_of_num_generations():
+    success = torch.tensor([1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0], dtype=torch.bool)
+    stats = completion_group_statistics(success, 4)
+    assert stats.num_correct.tolist() == [1] * 4 + [3] * 4 + [0] * 4
+    assert stats.group_size.tolist() == [4] * 12
+    assert stats.success.tolist() == success.tolist()
+    with pytest.raises(ValueError, match="num_generations=5"):
+        completion_group_statistics(success, 5)
+
+
+def graded_reward(log):
+    """A reward that is not 0/1 and depends on the completion's text only (identical completions score alike):
+    allowed letter 1.0, allowed digit 0.7 (a success at 0.5), another digit 0.4 (partial credit, a failure), nothing
+    visible None (unscored: a failure), anything else 0."""
+    def reward(prompts, completions, allowed, **kwargs):
+        out = []
+        for completion, ok in zip(completions, allowed):
+            first = first_visible_char(text_of(completion))
+            if not first:
+                out.append(None)
+            elif first in ok:
+                out.append(0.7 if first.isdigit() else 1.0)
+            else:
+                out.append(0.4 if first.isdigit() else 0.0)
+        log.append(out)
+        return out
+    return reward
+
+
+def row_key(batch, i):
+    return tuple(batch["prompt_ids"][i].tolist()), tuple(batch["completion_ids"][i].tolist())
+
+
+def test_each_completion_keeps_its_groups_counts_through_trls_shuffle_and_split(tiny_model, tmp_path):
+    """Two generation batches of 4 prompts x 4 completions, each shuffled and split into steps_per_generation = 4
+    micro-batches by TRL: every micro-batch row carries the (c, k, success) of its own prompt's group, recounted here
+    from the rewards grouped by prompt (not by TRL's block layout)."""
+    rewards_log, generations, micro_batches = [], [], []
+    trainer = make_trainer(tiny_model, trl_args(tmp_path, max_steps=8), reward=graded_reward(rewards_log),
+                           sizes=(1, 10, 24, 36, 3, 16, 30, 35))
+    generate, compute = trainer._generate_and_score_completions, trainer._compute_loss
+
+    def spy_generate(inputs):
+        out = generate(inputs)
+        generations.append({key: out[key].clone() for key in ("prompt_ids", "prompt_mask", "completion_ids")})
+        generations[-1]["rewards"] = list(rewards_log[-1])
+        return out
+
+    def spy_compute(model, inputs):
+        micro_batches.append({key: inputs[key].clone() for key in
+                              ("prompt_ids", "completion_ids", NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)})
+        return compute(model, inputs)
+
+    trainer._generate_and_score_completions, trainer._compute_loss = spy_generate, spy_compute
+    trainer.train()
+
+    assert len(generations) == 2 and len(micro_batches) == 8
+    counts_seen, shuffled, scores = set(), False, set()
+    for g, gen in enumerate(generations):
+        n = len(gen["rewards"])
+        assert n == 16
+        success = [r is not None and r > 0.5 for r in gen["rewards"]]
+        scores |= {r for r in gen["rewards"]}
+        prompt_of = [tuple(gen["prompt_ids"][i][gen["prompt_mask"][i].bool()].tolist()) for i in range(n)]
+        expected = {}
+        for i in range(n):
+            members = [j for j in range(n) if prompt_of[j] == prompt_of[i]]
+            value = (sum(success[j] for j in members), len(members), success[i])
+            assert expected.setdefault(row_key(gen, i), value) == value  # duplicates agree (same text, same reward)
+            counts_seen.add(value[0])
+        order = []
+        for mb in micro_batches[4 * g: 4 * g + 4]:
+            assert mb[NUM_CORRECT_KEY].shape[0] == 4
+            for i in range(4):
+                key = row_key(mb, i)
+                got = (mb[NUM_CORRECT_KEY][i].item(), mb[GROUP_SIZE_KEY][i].item(), bool(mb[SUCCESS_KEY][i]))
+                assert got == expected[key], (g, i)
+                order.append(key)
+        shuffled |= order != [row_key(gen, i) for i in range(n)]
+    assert shuffled, "TRL's shuffle left every row in place: the test did not exercise it"
+    assert len(counts_seen) >= 3, counts_seen  # groups with different success counts
+    assert scores & {0.4, 0.7}, scores  # rewards that are not 0/1 (partial credit under and over the threshold)
+
+
+# --- configuration errors and warnings ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss_type, why", [("cispo", "cap on the importance weight"), ("sapo", "soft gate"),
+                                             ("vespo", "no clip")])
+def test_loss_types_that_give_epsilon_another_meaning_are_refused(tmp_path, loss_type, why):
+    with pytest.raises(ValueError, match=rf"loss_type='{loss_type}'.*{why}.*grpo, bnpo, dr_grpo, dapo, luspo"):
+        trl_args(tmp_path, loss_type=loss_type)
+
+
+@pytest.mark.parametrize("overrides, source", [
+    ({"gapo": GAPOConfig(eps_high_max=0.1)}, r"gapo.eps_high_max=0.1 .*below epsilon=0.2"),
+    ({"gapo": {"eps_high_max": None}, "epsilon_high": 0.15}, r"epsilon_high=0.15 .*below epsilon=0.2"),
+])
+def test_eps_high_max_below_the_lower_clip_is_refused(tmp_path, overrides, source):
+    with pytest.raises(ValueError, match=source):
+        trl_args(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize("gapo, match", [
+    ({"eps_hi": 0.3}, r"unknown keys \['eps_hi'\].*eps_high_max"),
+    ("{not json", "is not JSON"),
+    ({"schedule": "cosine"}, "not a GAPO schedule"),
+    ({"mask_truncated": True}, "mask_truncated_completions=True"),
+    (7, "pass a gapo.GAPOConfig"),
+])
+def test_bad_gapo_settings_name_the_value_and_the_fix(tmp_path, gapo, match):
+    with pytest.raises(ValueError, match=match):
+        trl_args(tmp_path, gapo=gapo)
+
+
+def test_gapo_settings_from_a_command_line_and_to_wandb(tmp_path):
+    from transformers import HfArgumentParser
+
+    (args,) = HfArgumentParser(GAPOTRLConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "--num_generations", "4", "--per_device_train_batch_size", "4",
+         "--steps_per_generation", "4", "--epsilon_high", "0.3",
+         "--gapo", '{"schedule": "exp", "success_threshold": 0.9}'])
+    assert args.gapo == GAPOConfig(schedule="exp", success_threshold=0.9)
+    assert json.loads(args.to_json_string())["gapo"]["schedule"] == "exp"  # what W&B records serialises
+    assert gapo_settings(None) == GAPOConfig()
+
+
+def test_on_policy_setup_warns_that_no_clip_can_bind(tmp_path):
+    with pytest.warns(UserWarning, match="on-policy setup.*ratio is exactly 1"):
+        trl_args(tmp_path, steps_per_generation=None, gradient_accumulation_steps=2)  # TRL's default: spg = GA
+    with pytest.warns(UserWarning, match="on-policy"):
+        trl_args(tmp_path, steps_per_generation=2, gradient_accumulation_steps=4)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        trl_args(tmp_path, steps_per_generation=2, gradient_accumulation_steps=1, num_iterations=1)
+        trl_args(tmp_path, steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2)
+
+
+def test_a_plain_grpo_config_is_refused_with_the_fix(tiny_model, tmp_path):
+    with pytest.raises(TypeError, match="GAPOTRLConfig"):
+        GAPOGRPOTrainer(model=str(tiny_model), reward_funcs=smoke_reward,
+                        args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=4,
+                                        per_device_train_batch_size=4))
+
+
+def test_bf16_log_probs_and_small_clips_warn(tiny_model, tmp_path):
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    args = dict(epsilon=3e-3, epsilon_high=None, gapo=GAPOConfig(eps_high_max=5e-3),
+                importance_sampling_level="sequence", loss_type="grpo")
+
+    def bf16_model():
+        return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+
+    with pytest.warns(UserWarning, match="bfloat16.*cast_lm_head_to_fp32=True"):
+        make_trainer(tiny_model, trl_args(tmp_path, **args), model=bf16_model())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        make_trainer(tiny_model, trl_args(tmp_path, cast_lm_head_to_fp32=True, **args), model=bf16_model())
+        # clips of 0.2 / 0.28 are coarser than bf16's spacing: no warning
+        make_trainer(tiny_model, trl_args(tmp_path), model=bf16_model())
+
+
+def test_imports_without_verl():
+    code = ("import sys; sys.modules['verl'] = None\n"  # any `import verl` now fails
+            "import gapo.integrations.trl as m\n"
+            "assert not [name for name in sys.modules if name.startswith('verl.')], 'verl was imported'\n"
+            "print(m.GAPOGRPOTrainer.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0 and "GAPOGRPOTrainer" in out.stdout, out.stderr[-3000:]
+
+
+# --- end to end: TRL's real trainer on the smoke task ------------------------------------------------------------
+
+def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, tmp_path, monkeypatch):
+    """The smoke task's tiny model, TRL's real trainer, W&B offline: at both levels the adaptive clip binds at least
+    once (its per-c clip fraction is above 0 in a logged step), and the gapo/* metrics reach TRL's logs and W&B."""
+    import wandb
+
+    from recipe.plot_run import read_wandb_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_PROJECT", "gapo-trl-test")
+    try:
+        for level, eps in (("sequence", (0.02, 0.05)), ("token", (0.1, 0.2))):
+            args = trl_args(tmp_path / level, importance_sampling_level=level, loss_type="grpo", epsilon=eps[0],
+                            epsilon_high=None, gapo=GAPOConfig(eps_high_max=eps[1]), learning_rate=1e-2, max_steps=8,
+                            report_to=["wandb"], run_name=f"trl-{level}")
+            trainer = make_trainer(tiny_model, args, sizes=(2, 12, 24, 36, 4, 20, 30, 35))
+            trainer.train()
+            logged = [h for h in trainer.state.log_history if "gapo/is_adv_corr_levels" in h]
+            assert len(logged) == 8, level  # every optimizer step (logging_steps=1)
+            clipfracs = [v for h in logged for k, v in h.items() if k.startswith("gapo/clipfrac_pos/c")]
+            assert max(clipfracs) > 0, (level, clipfracs)
+            bounds = [h["gapo/loss_eps_high_mean"] for h in logged if "gapo/loss_eps_high_mean" in h]
+            assert len(bounds) >= 6 and all(eps[0] <= b <= eps[1] for b in bounds), bounds
+            for h in logged:
+                assert all(0 <= v <= 1 for k, v in h.items() if k.startswith("gapo/clipfrac_pos"))
+            assert any("gapo/is_adv_corr_window_points" in h for h in logged)
+            wandb.finish()
+            (run_file,) = [p for p in tmp_path.rglob("run-*.wandb") if f"trl-{level}" in _run_name(p)]
+            steps, info = read_wandb_run(run_file)
+            assert info["name"] == f"trl-{level}"
+            history = [m for m in steps.values() if any(k.startswith("train/gapo/") for k in m)]
+            assert len(history) == 8
+            assert max(v for m in history for k, v in m.items() if k.startswith("train/gapo/clipfrac_pos/c")) > 0
+            assert all(not math.isnan(v) for m in history for v in m.values() if isinstance(v, float))
+    finally:
+        wandb.teardown()
+
+
+def _run_name(path):
+    from recipe.plot_run import read_wandb_run
+
+    return read_wandb_run(path)[1].get("name", "")
+
+
+def test_make_install_installs_the_trl_extra():
+    makefile = (REPO / "Makefile").read_text()
+    assert "-e '.[dev,trl]'" in makefile
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'trl = ["trl==1.16.0"]' in pyproject
+    from importlib.metadata import version
+
+    assert version("trl") == "1.16.0"
+
