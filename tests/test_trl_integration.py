@@ -26,8 +26,17 @@ from gapo.integrations.trl import (  # noqa: E402
     completion_success,
     gapo_settings,
 )
-from gapo.smoke.task import compute_score, first_visible_char, make_prompt  # noqa: E402
+from gapo.smoke.task import first_visible_char  # noqa: E402
 from gapo.smoke.tiny_model import build_tiny_model  # noqa: E402
+from recipe.trl_smoke import (  # noqa: E402
+    PROMPT_SET_SIZES,
+    SMOKE_CLIPS,
+    completion_text,
+    smoke_args,
+    smoke_reward,
+    smoke_trainer,
+    summarize,
+)
 from tests.test_gapo_loss import actor_config, call  # noqa: E402
 
 EPS_LOW, EPS_MAX, K = 0.2, 0.28, 4
@@ -35,27 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def trl_args(tmp_path, **overrides):
-    """A small CPU configuration (off-policy: each generation feeds 4 optimizer steps, so the clip can bind)."""
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=K,
-                steps_per_generation=4, gradient_accumulation_steps=1, max_completion_length=8, max_steps=4,
-                learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
-                epsilon=EPS_LOW, epsilon_high=EPS_MAX, scale_rewards="none", temperature=1.0)
-    return GAPOTRLConfig(**{**base, **overrides})
-
-
-def prompt_rows(sizes):
-    """Dataset rows of the smoke task: one prompt per allowed-set size (small sets: rare successes)."""
-    pool = "0123456789abcdefghijklmnopqrstuvwxyz"
-    return [{"prompt": [{"role": "user", "content": make_prompt(pool[:size])}], "allowed": pool[:size]}
-            for size in sizes]
-
-
-def text_of(completion):
-    return completion[0]["content"] if isinstance(completion, list) else completion
-
-
-def smoke_reward(prompts, completions, allowed, **kwargs):
-    return [compute_score("gapo_smoke", text_of(c), a)["score"] for c, a in zip(completions, allowed)]
+    """The smoke run's configuration (off-policy: each generation feeds 4 optimizer steps) with clips 0.2 / 0.28."""
+    base = dict(epsilon=EPS_LOW, epsilon_high=EPS_MAX, gapo=GAPOConfig(), learning_rate=1e-3, max_steps=4)
+    return smoke_args(tmp_path, **{**base, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +55,7 @@ def tiny_model(tmp_path_factory):
 
 
 def make_trainer(tiny_model, args, reward=smoke_reward, sizes=(2, 12, 24, 36), model=None):
-    """GAPOGRPOTrainer on the tiny model (`model`: an already loaded one) and one prompt per allowed-set size."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-
-    return GAPOGRPOTrainer(model=model if model is not None else str(tiny_model), reward_funcs=reward, args=args,
-                           train_dataset=Dataset.from_list(prompt_rows(sizes)),
-                           processing_class=AutoTokenizer.from_pretrained(tiny_model))
+    return smoke_trainer(tiny_model, args, reward=reward, sizes=sizes, model=model)
 
 
 # --- the loss on identical tensors: TRL's _compute_loss with GAPO's bounds == the verl plug-in's loss ---------------
@@ -212,7 +197,7 @@ def graded_reward(log):
     def reward(prompts, completions, allowed, **kwargs):
         out = []
         for completion, ok in zip(completions, allowed):
-            first = first_visible_char(text_of(completion))
+            first = first_visible_char(completion_text(completion))
             if not first:
                 out.append(None)
             elif first in ok:
@@ -233,7 +218,8 @@ def test_each_completion_keeps_its_groups_counts_through_trls_shuffle_and_split(
     micro-batches by TRL: every micro-batch row carries the (c, k, success) of its own prompt's group, recounted here
     from the rewards grouped by prompt (not by TRL's block layout)."""
     rewards_log, generations, micro_batches = [], [], []
-    trainer = make_trainer(tiny_model, trl_args(tmp_path, max_steps=8), reward=graded_reward(rewards_log),
+    trainer = make_trainer(tiny_model, trl_args(tmp_path, max_steps=8, per_device_train_batch_size=4),
+                           reward=graded_reward(rewards_log),
                            sizes=(1, 10, 24, 36, 3, 16, 30, 35))
     generate, compute = trainer._generate_and_score_completions, trainer._compute_loss
 
@@ -384,12 +370,11 @@ def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, t
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_PROJECT", "gapo-trl-test")
     try:
-        for level, eps in (("sequence", (0.02, 0.05)), ("token", (0.1, 0.2))):
-            args = trl_args(tmp_path / level, importance_sampling_level=level, loss_type="grpo", epsilon=eps[0],
-                            epsilon_high=None, gapo=GAPOConfig(eps_high_max=eps[1]), learning_rate=1e-2, max_steps=8,
-                            report_to=["wandb"], run_name=f"trl-{level}")
-            trainer = make_trainer(tiny_model, args, sizes=(2, 12, 24, 36, 4, 20, 30, 35))
+        for level, eps in SMOKE_CLIPS.items():
+            args = smoke_args(tmp_path / level, level, steps=8, report_to=["wandb"], run_name=f"trl-{level}")
+            trainer = make_trainer(tiny_model, args, sizes=PROMPT_SET_SIZES)
             trainer.train()
+            assert summarize(trainer.state.log_history)[1] == [], level
             logged = [h for h in trainer.state.log_history if "gapo/is_adv_corr_levels" in h]
             assert len(logged) == 8, level  # every optimizer step (logging_steps=1)
             clipfracs = [v for h in logged for k, v in h.items() if k.startswith("gapo/clipfrac_pos/c")]
@@ -409,6 +394,27 @@ def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, t
             assert all(not math.isnan(v) for m in history for v in m.values() if isinstance(v, float))
     finally:
         wandb.teardown()
+
+
+def test_trl_smoke_cli_trains_and_checks(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "recipe.trl_smoke", "--out", str(tmp_path), "--level", "token",
+                          "--steps", "4"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK: GAPO trained 4 steps with TRL's GRPOTrainer at token level" in out.stdout
+    table = [line for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert len(table) == 4 and any("c" in line and "=0." in line for line in table), out.stdout
+
+
+def test_summary_fails_a_run_whose_clip_never_bound_or_that_logged_no_diagnostics():
+    steps = [{"step": 1, "loss": 0.1, "reward": 0.5, "gapo/is_adv_corr_levels": 2.0, "gapo/clipfrac_pos/c1": 0.0},
+             {"step": 2, "loss": 0.1, "reward": 0.5, "gapo/is_adv_corr_levels": 1.0, "gapo/clipfrac_pos/c3": 0.0}]
+    assert summarize(steps)[1] == ["the adaptive clip never bound (every gapo/clipfrac_pos/c* was 0)"]
+    steps[1]["gapo/clipfrac_pos/c3"] = 0.25
+    lines, problems = summarize(steps)
+    assert problems == [] and "c3=0.25" in lines[2]
+    del steps[0]["gapo/is_adv_corr_levels"]
+    assert summarize(steps)[1] == ["step 1 logged no gapo/* diagnostics"]
+    assert summarize([])[1] == ["no training step was logged"]
 
 
 def _run_name(path):
