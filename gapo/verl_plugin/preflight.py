@@ -9,11 +9,12 @@ started, and on a machine without the requested GPUs it could wait silently (obs
   this project's ``pkg://gapo.rewards``, every ``data_source`` in them has a scorer),
   :func:`check_model_path` (``actor_rollout_ref.model.path`` exists when it is a local path) and
   :func:`check_resume_world_size` (the checkpoint a resume would load was written at this run's world size:
-  verl 0.9.1 keeps one shard per rank and cannot reshard on load);
+  verl 0.9.1 keeps one shard per rank and cannot reshard on load) and :func:`check_trl_conflict` (no trl that
+  verl 0.9.1's FSDP actor cannot build with);
 - in the task runner (a Ray actor, the process where verl builds its resource pools, so the platform's Ray
   resource name is the one verl will ask for), before verl's trainer starts: :func:`check_cluster_gpus`.
 
-``GAPO_SKIP_PREFLIGHT=data,model,checkpoint,gpu`` (any of them, or ``all``) skips checks: ``gpu`` on an
+``GAPO_SKIP_PREFLIGHT=data,model,checkpoint,packages,gpu`` (any of them, or ``all``) skips checks: ``gpu`` on an
 autoscaling cluster (nodes that join only once verl asks for them), ``data``/``model``/``checkpoint`` where the
 driver's machine does not see the files the Ray workers see.
 """
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from omegaconf import DictConfig, ListConfig
 
 SKIP_ENV = "GAPO_SKIP_PREFLIGHT"
-CHECKS = ("data", "model", "checkpoint", "gpu")
+CHECKS = ("data", "model", "checkpoint", "packages", "gpu")
 OUR_REWARD_PATHS = ("pkg://gapo.rewards", "pkg://gapo/rewards")
 OUR_REWARD_FUNCTIONS = ("compute_score", "compute_score_batch")
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl")  # what verl's RLHFDataset reads
@@ -58,7 +59,8 @@ class PreflightError(RuntimeError):
 
 
 def skipped_checks(environ=None) -> set[str]:
-    """The checks ``GAPO_SKIP_PREFLIGHT`` (comma or space separated: data, model, checkpoint, gpu, all) turns off."""
+    """The checks ``GAPO_SKIP_PREFLIGHT`` (comma or space separated: data, model, checkpoint, packages, gpu, all)
+    turns off."""
     raw = (os.environ if environ is None else environ).get(SKIP_ENV, "")
     words = {w for w in re.split(r"[\s,]+", raw.strip().lower()) if w}
     if "all" in words:
@@ -319,11 +321,43 @@ def run_driver_checks(config: DictConfig) -> None:
         problems += check_model_path(config)
     if "checkpoint" not in skip:
         problems += check_resume_world_size(config)
-    driver_checks = {"data", "model", "checkpoint"}
+    if "packages" not in skip:
+        problems += check_trl_conflict()
+    driver_checks = {"data", "model", "checkpoint", "packages"}
     if skip & driver_checks:
         _note(f"skipped: {', '.join(sorted(skip & driver_checks))} ({SKIP_ENV})")
     if problems:
         raise PreflightError(problems)
+
+
+def check_trl_conflict() -> list[str]:
+    """A trl that verl 0.9.1's FSDP actor cannot be built with.
+
+    verl's `apply_monkey_patch` (verl/models/transformers/monkey_patch.py) imports `AutoModelForCausalLMWithValueHead`
+    from `trl.experimental.ppo` or `trl` whenever trl is importable; trl 1.x has neither (trl 1.16.0, the version
+    `gapo.integrations.trl` pins, included), so every actor worker would fail while building its model, after Ray and
+    the rollout servers started. verl itself pins trl 0.27.0 in its `fsdp` extra. Only imports trl when it is there.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        return []
+    for module in ("trl.experimental.ppo", "trl"):
+        try:
+            if hasattr(importlib.import_module(module), "AutoModelForCausalLMWithValueHead"):
+                return []
+        except ImportError:
+            continue
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("trl")
+    except PackageNotFoundError:
+        installed = "(unknown version)"
+    return [f"trl {installed} is installed here, and verl 0.9.1's FSDP actor imports trl's "
+            "AutoModelForCausalLMWithValueHead whenever trl is importable (trl 1.x removed it): every actor worker "
+            "would fail building its model. Train with verl in an environment without trl (`make install`'s .venv) "
+            "and with TRL in its own (`make install-trl`: .venv-trl, docs/trl.md), or `pip uninstall trl` here"]
 
 
 # ------------------------------------------------------------------------------------------------- GPUs

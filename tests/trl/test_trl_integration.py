@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("trl", reason="the trl extra is not installed (pip install -e '.[trl]'; make install does)")
+pytest.importorskip("trl", reason="trl is not installed: tests/trl run in .venv-trl (make install-trl, make test-trl)")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
@@ -40,7 +40,7 @@ from recipe.trl_smoke import (  # noqa: E402
 from tests.test_gapo_loss import actor_config, call  # noqa: E402
 
 EPS_LOW, EPS_MAX, K = 0.2, 0.28, 4
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def trl_args(tmp_path, **overrides):
@@ -363,7 +363,9 @@ def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, t
     once (its per-c clip fraction is above 0 in a logged step), and the gapo/* metrics reach TRL's logs and W&B."""
     import wandb
 
+    from recipe.plot_run import main as plot_run
     from recipe.plot_run import read_wandb_run
+    from tests.test_plot_run import wait_for_exit_record
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -371,6 +373,7 @@ def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, t
     monkeypatch.setenv("WANDB_PROJECT", "gapo-trl-test")
     try:
         for level, eps in SMOKE_CLIPS.items():
+            monkeypatch.setenv("WANDB_RUN_ID", f"trl{level}")
             args = smoke_args(tmp_path / level, level, steps=8, report_to=["wandb"], run_name=f"trl-{level}")
             trainer = make_trainer(tiny_model, args, sizes=PROMPT_SET_SIZES)
             trainer.train()
@@ -385,13 +388,16 @@ def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, t
                 assert all(0 <= v <= 1 for k, v in h.items() if k.startswith("gapo/clipfrac_pos"))
             assert any("gapo/is_adv_corr_window_points" in h for h in logged)
             wandb.finish()
-            (run_file,) = [p for p in tmp_path.rglob("run-*.wandb") if f"trl-{level}" in _run_name(p)]
-            steps, info = read_wandb_run(run_file)
-            assert info["name"] == f"trl-{level}"
-            history = [m for m in steps.values() if any(k.startswith("train/gapo/") for k in m)]
-            assert len(history) == 8
-            assert max(v for m in history for k, v in m.items() if k.startswith("train/gapo/clipfrac_pos/c")) > 0
-            assert all(not math.isnan(v) for m in history for v in m.values() if isinstance(v, float))
+            wandb.teardown()  # then wait for the log's closing record (wandb-core may still be writing it)
+            (run_file,) = tmp_path.glob(f"wandb/offline-run-*-trl{level}/run-trl{level}.wandb")
+            wait_for_exit_record(run_file)
+            steps, info = read_wandb_run(run_file)  # re-keyed by TRL's optimizer step, without train/
+            assert info["name"] == f"trl-{level}" and sorted(steps) == list(range(1, 9))
+            assert max(v for m in steps.values() for k, v in m.items() if k.startswith("gapo/clipfrac_pos/c")) > 0
+            assert all(not math.isnan(v) for m in steps.values() for v in m.values() if isinstance(v, float))
+            png = tmp_path / f"{level}.png"
+            plot_run([str(run_file.parent), "--out", str(png)])
+            assert png.stat().st_size > 10_000
     finally:
         wandb.teardown()
 
@@ -417,18 +423,26 @@ def test_summary_fails_a_run_whose_clip_never_bound_or_that_logged_no_diagnostic
     assert summarize([])[1] == ["no training step was logged"]
 
 
-def _run_name(path):
-    from recipe.plot_run import read_wandb_run
-
-    return read_wandb_run(path)[1].get("name", "")
-
-
-def test_make_install_installs_the_trl_extra():
+def test_the_trl_environment_is_installed_by_make_and_pinned():
     makefile = (REPO / "Makefile").read_text()
-    assert "-e '.[dev,trl]'" in makefile
-    pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'trl = ["trl==1.16.0"]' in pyproject
+    assert "$(TRL_PY) -m pip install -q -e '.[trl,dev]'" in makefile
+    assert "-e '.[dev]'" in makefile and "-e '.[dev,trl]'" not in makefile  # .venv stays without trl
+    assert 'trl = ["trl==1.16.0"]' in (REPO / "pyproject.toml").read_text()
     from importlib.metadata import version
 
     assert version("trl") == "1.16.0"
 
+
+def test_verl_cannot_build_its_actor_where_trl_1_is_installed_and_preflight_says_so(tiny_model):
+    """Why TRL has its own environment: verl 0.9.1's apply_monkey_patch imports trl's AutoModelForCausalLMWithValueHead
+    whenever trl is importable, and trl 1.16.0 has none. The verl driver's preflight stops such a run first. If a verl
+    upgrade stops importing it, this test fails: TRL could then share the default environment."""
+    from transformers import AutoModelForCausalLM
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    from gapo.verl_plugin.preflight import check_trl_conflict
+
+    with pytest.raises(ImportError, match="AutoModelForCausalLMWithValueHead"):
+        apply_monkey_patch(model=AutoModelForCausalLM.from_pretrained(tiny_model))
+    (problem,) = check_trl_conflict()
+    assert problem.startswith("trl 1.16.0 is installed here") and "make install-trl" in problem
