@@ -2,10 +2,10 @@
 #   make install   create .venv: torch (CPU build, pinned) first, then this project with verl and dev tools
 #   make install-gpu  GPU nodes: the project with verl's vllm extra (torch 2.11.0, vllm 0.24.0), then flash-attn
 #   make test      the whole test suite, end-to-end CPU training runs included (what CI runs): the default
-#                  environment, and beside it tests/vllm in the vLLM CPU environment, then tests/trl in the TRL
+#                  environment, and beside it tests/vllm in the vLLM CPU environment, then tests/trl_integration in the TRL
 #                  environment (each installed alongside)
 #   make test-vllm tests/vllm only (verl's real vLLM rollout and eval's vLLM backend on CPU)
-#   make test-trl  tests/trl only (GAPO as TRL's GRPOTrainer loss, in .venv-trl)
+#   make test-trl  tests/trl_integration only (GAPO as TRL's GRPOTrainer loss, in .venv-trl)
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
 #                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm); RANKS=2: 2 FSDP ranks
@@ -128,7 +128,7 @@ install-gpu:
 
 # The TRL environment: TRL's GRPOTrainer with GAPO's loss (gapo.integrations.trl). Not .venv: verl 0.9.1's FSDP actor
 # imports trl's AutoModelForCausalLMWithValueHead whenever trl is importable, and trl 1.x no longer has it, so verl's
-# trainer cannot build its actor where trl 1.16.0 is installed (tests/trl/test_trl_integration.py shows it; the
+# trainer cannot build its actor where trl 1.16.0 is installed (tests/trl_integration/test_trl_integration.py shows it; the
 # verl driver's preflight stops such a run). The project installs with verl as everywhere, only verl's trainer is
 # not run here.
 $(TRL_VENV)/.installed: pyproject.toml | system-deps
@@ -142,12 +142,12 @@ $(TRL_VENV)/.installed: pyproject.toml | system-deps
 install-trl: $(TRL_VENV)/.installed
 
 # Three environments, two streams at once: the default suite here, and beside it the vLLM environment's install then
-# tests/vllm, then the TRL environment's install then tests/trl (lines prefixed "[vllm] " and "[trl] "; the installs'
+# tests/vllm, then the TRL environment's install then tests/trl_integration (lines prefixed "[vllm] " and "[trl] "; the installs'
 # logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log). Both streams spend much of their time waiting on Ray and
 # engine start-ups, so together they take ~60% of their sum on 2 cores (fresh-clone CI: 1471 s for 1381 s + 928 s of
 # tests plus installs; peak memory used 12.5 GB).
 test: install
-	@echo "tests/vllm, then tests/trl, run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
+	@echo "tests/vllm, then tests/trl_integration, run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
 	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
 	     exit 1; fi; \
@@ -155,23 +155,23 @@ test: install
 	   if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
 	     tail -40 $(TRL_VENV).install.log; echo "ERROR: make install-trl failed (log: $(TRL_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(TRL_PY) -m pytest tests/trl -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; trl=$${PIPESTATUS[0]}; \
+	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; trl=$${PIPESTATUS[0]}; \
 	   [ $$vllm = 0 ] && [ $$trl = 0 ] \
 	 ) & side=$$!; \
-	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl -v --durations=15; status=$$?; \
-	wait $$side || { echo "ERROR: tests/vllm or tests/trl failed (lines marked [vllm] or [trl] above)"; status=1; }; \
+	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration -v --durations=15; status=$$?; \
+	wait $$side || { echo "ERROR: tests/vllm or tests/trl_integration failed (lines marked [vllm] or [trl] above)"; status=1; }; \
 	exit $$status
 
 # tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)
 test-vllm: install-vllm
 	$(VLLM_PY) -m pytest tests/vllm -v --durations=10
 
-# tests/trl only (GAPO as TRL's GRPOTrainer loss)
+# tests/trl_integration only (GAPO as TRL's GRPOTrainer loss)
 test-trl: install-trl
-	$(TRL_PY) -m pytest tests/trl -v --durations=5
+	$(TRL_PY) -m pytest tests/trl_integration -v --durations=5
 
 test-fast: install
-	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl -m "not slow"
+	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration -m "not slow"
 
 # the GPU install's environment (make install-gpu), never the CPU one: no install step here
 GPU_CHECK_ARGS ?=

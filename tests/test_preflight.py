@@ -344,7 +344,7 @@ def _fake_trl(root: Path, body: str, ppo: str | None = None) -> None:
 ])
 def test_a_trl_that_verls_actor_cannot_build_with_stops_the_run(tmp_path, monkeypatch, body, ppo, conflict):
     """verl 0.9.1 imports trl's AutoModelForCausalLMWithValueHead whenever trl is importable: a trl without it stops
-    the run in the driver, naming the fix (tests/trl/test_trl_integration.py shows verl's failure with the real one)."""
+    the run in the driver, naming the fix (tests/trl_integration/test_trl_integration.py shows verl's failure with the real one)."""
     import importlib
 
     assert check_trl_conflict() == []  # this environment has no trl

@@ -25,7 +25,7 @@ How it plugs in (the smallest overrides; TRL's own loss code stays in charge):
    completions, summed over processes, accumulated until TRL logs, then logged as `gapo/*` (W&B when on).
    `gapo/is_adv_corr_window` pools the latest `diag_corr_window` logging intervals of training.
 
-tests/trl/test_trl_integration.py checks that TRL honours the per-completion bound (loss and gradients equal the verl
+tests/trl_integration/test_trl_integration.py checks that TRL honours the per-completion bound (loss and gradients equal the verl
 loss's on the same tensors); a TRL upgrade that stops reading `self.epsilon_high` fails it.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("trl", reason="trl is not installed: tests/trl run in .venv-trl (make install-trl, make test-trl)")
+pytest.importorskip("trl", reason="trl is not installed: tests/trl_integration run in .venv-trl (make install-trl, make test-trl)")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
