@@ -23,7 +23,7 @@ multiple of STRIDE, or a list ``100,150,200``): each checkpoint is evaluated (an
 ``OUT/global_step_N``, then ``OUT/aggregate.json`` and ``OUT/aggregate.md`` give, per benchmark, the mean,
 sample standard deviation, min and max over the checkpoints of pass@k and of coverage (problems with solve
 rate above ``--coverage-threshold``, default 0.05; with n < 64 a 5% threshold counts nearly any success, see
-the README).
+docs/evaluation.md).
 
 Supervision: with ``--timeout`` or a backend that may be vLLM (``vllm``; ``auto`` where vLLM is installed), this
 process runs the evaluation in a child process of its own session and waits for it: past ``--timeout`` seconds it

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
 DEFAULT_COVERAGE_THRESHOLD = 0.05
-RECOMMENDED_MIN_SUCCESSES = 3  # coverage should need a few successes, not one lucky sample (README)
+RECOMMENDED_MIN_SUCCESSES = 3  # coverage should need a few successes, not one lucky sample (docs/evaluation.md)
 
 
 def _check(n: int, c: int, k: int) -> tuple[int, int, int]:

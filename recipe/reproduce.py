@@ -36,7 +36,7 @@ DEFAULT_EVAL_ROOT = "runs/eval"
 MERGED_MODEL_DIR = "merged_hf"  # where a stage's final checkpoint is exported for the next stage
 
 # both AMC sets: amc22_23 (83 problems) is DeepScaleR's, the comparable one for R1-Distill runs; amc23 (40) is the
-# "AMC23" of Qwen2.5-Math-style evaluations (README, Math training step 1)
+# "AMC23" of Qwen2.5-Math-style evaluations (docs/training.md, Math training step 1)
 MATH_BENCHES = ("aime24", "aime25", "amc23", "amc22_23", "math500", "minerva", "olympiadbench")
 CODE_BENCHES = ("livecodebench", "humanevalplus")
 BENCH_LABELS = {"aime24": "AIME24", "aime25": "AIME25", "amc23": "AMC23", "amc22_23": "AMC (83)", "math500": "MATH500",
@@ -101,7 +101,7 @@ MATH_COLUMNS = (("aime24", 1), ("aime24", 16), ("aime25", 1), ("aime25", 16), ("
 R1 = "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
 NOT_REPORTED = "extra baseline, not reported by the paper"
 # samples per problem: 64 for the math tables (coverage above a 5% solve rate needs a problem solved >= 4 times; at
-# eval's default 16 one success counts: README, Evaluation); the Qwen and Llama evaluations report up to pass@256
+# eval's default 16 one success counts: docs/evaluation.md); the Qwen and Llama evaluations report up to pass@256
 MATH_EVAL = ("--n", "64")
 # Qwen2.5-Math-1.5B: 4k context (configs/model/qwen2.5_math_1.5b.yaml)
 QWEN_EVAL = ("--max-new-tokens", "3072", "--n", "256")

@@ -86,7 +86,7 @@ class StudySettings:
     timeout_s: float = RUN_TIMEOUT_S
     jobs: int = 1              # runs at once
     # actor learning rate: 4x the smoke preset's 5e-3, with which 24 steps left held-out pass@1 within noise in every
-    # bucket (measured, README); at 2e-2 the hard and mid buckets rise within the same 24 steps
+    # bucket (measured, docs/studies.md); at 2e-2 the hard and mid buckets rise within the same 24 steps
     lr: float = 2e-2
     rollout: str = "hf"        # hf (HF generate) or vllm (verl's vLLM rollout; the vLLM CPU environment)
     overrides: list[str] = field(default_factory=list)  # hydra overrides for every run (after the study's own)

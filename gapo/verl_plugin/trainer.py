@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 TRAINER_MODE = "gapo"
 # trainer.val_coverage_threshold (configs/base/gapo.yaml, default 0.05): validation's coverage counts problems with
 # solve rate above it, as `python -m eval --coverage-threshold`. With val_kwargs.n = 16 a 5% threshold counts any
-# single success (README, Evaluation). trainer.val_window: val-passk-window/* averages the latest that many
+# single success (docs/evaluation.md). trainer.val_window: val-passk-window/* averages the latest that many
 # validations (gapo/verl_plugin/validate.py checks both at start-up).
 
 
