@@ -96,6 +96,7 @@ def summarize(log_history: list[dict]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: build, train, print the per-step table; exit 1 when `summarize` finds a problem."""
     parser = argparse.ArgumentParser(prog="python -m recipe.trl_smoke", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/smoke-trl"), help="model, trainer output, W&B folder")

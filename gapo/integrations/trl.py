@@ -307,6 +307,8 @@ class GAPOGRPOTrainer(GRPOTrainer):
             sums[name] += value
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, plus the `gapo/*` diagnostics of the interval since the last log (`eval_gapo/*` in evaluation);
+        a training interval also joins the `gapo/is_adv_corr_window` window."""
         mode = "train" if self.model.training else "eval"
         sums = self._gapo_sums[mode]
         if sums:
