@@ -127,6 +127,7 @@ def _positive_seconds(value: str) -> float:
 
 
 def eval_parser() -> argparse.ArgumentParser:
+    """The parser of `python -m eval` (one evaluation: a model or a run's checkpoints on benchmarks)."""
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__.splitlines()[0],
                                 epilog="subcommands: `python -m eval report -h`, `python -m eval plot -h`")
     what = p.add_mutually_exclusive_group(required=True)
@@ -244,6 +245,7 @@ def run_supervised(cmd: list[str], timeout: float | None) -> int:
 
 
 def run_eval(argv) -> int:
+    """`python -m eval --model/--run-dir ...`: evaluate, print the results table; the exit status."""
     from eval.report import results_table
     from eval.runner import evaluate
 
@@ -320,6 +322,7 @@ def run_checkpoints(args, checkpoints: list[tuple[int, Path]], evaluate_fn=None)
 
 
 def run_aggregate(argv) -> int:
+    """`python -m eval aggregate RUNS`: mean, std, min and max of pass@k and coverage over finished runs."""
     from eval.report import aggregate_runs, aggregate_table, load_run, rebuild_reports, write_aggregate
 
     p = argparse.ArgumentParser(prog="python -m eval aggregate",
@@ -343,6 +346,7 @@ def run_aggregate(argv) -> int:
 
 
 def run_report(argv) -> int:
+    """`python -m eval report RUNS`: rebuild the runs' reports from their samples and compare them."""
     from eval.report import comparison_tables, load_run, rebuild_reports, results_table
 
     p = argparse.ArgumentParser(prog="python -m eval report",
@@ -369,6 +373,7 @@ def run_report(argv) -> int:
 
 
 def run_plot(argv) -> int:
+    """`python -m eval plot RUNS --out PNG`: pass@k curves of runs side by side."""
     from eval.report import load_run, plot_runs
 
     p = argparse.ArgumentParser(prog="python -m eval plot", description="pass@k curves of runs side by side")
@@ -387,6 +392,7 @@ def run_plot(argv) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the subcommand (report, plot, aggregate) or to one evaluation; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
         return run_report(argv[1:])

@@ -18,6 +18,7 @@ SUBDIRS = ("math", "code")
 
 
 def data_dir() -> Path:
+    """The folder benchmark files are read from (`gapo.data` data root: $GAPO_DATA_DIR, default ./data)."""
     return data_root()
 
 
@@ -37,6 +38,7 @@ class Problem:
 
 @dataclass
 class Benchmark:
+    """One benchmark: its name, the file it was read from, and its problems."""
     name: str
     path: Path
     problems: list[Problem] = field(default_factory=list)
@@ -88,6 +90,7 @@ def load_benchmark(spec: str, limit: int | None = None, root: Path | None = None
 
 
 def load_benchmarks(specs: list[str], limit: int | None = None, root: Path | None = None) -> list[Benchmark]:
+    """Benchmarks by name or file path (`--bench`), at most `limit` problems each; distinct names required."""
     benches = [load_benchmark(spec, limit, root) for spec in specs]
     names = [b.name for b in benches]
     dupes = sorted({name for name in names if names.count(name) > 1})

@@ -35,6 +35,7 @@ THINK_OPEN = "<think>"
 
 @dataclass
 class EvalConfig:
+    """One evaluation's settings: the model, benchmarks, output folder, and sampling (n, temperature, top_p, ...)."""
     model: str
     benchmarks: list[str]
     out: str

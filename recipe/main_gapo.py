@@ -26,6 +26,7 @@ class GAPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
     """verl's v1 task runner, with trainer mode `gapo` registered in its Ray process before it looks it up."""
 
     def run(self, config):
+        """Check the cluster's GPUs, register GAPOTrainer, then run verl's task runner."""
         # Here, in the process where verl builds its resource pools: the cluster must hold them, or verl's
         # placement groups could wait forever (PreflightError reaches the driver through ray.get in run_ppo).
         check_cluster_gpus(config)
@@ -39,6 +40,7 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 @hydra.main(config_path=CONFIG_DIR, config_name="gapo_trainer", version_base=None)
 def main(config):
+    """`python -m recipe.main_gapo [--config-name ...] [overrides]`: validate, preflight, then verl's run_ppo."""
     auto_set_device(config)
     try:
         validate_gapo_config(config)

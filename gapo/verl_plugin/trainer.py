@@ -148,6 +148,8 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
             save_state(folder, self._vigor.allocator)
 
     def on_init_end(self):
+        """verl's hook after the workers start: installs GAPOActorLoss (with its per-c table's size) as the actor's
+        loss for the GAPO loss modes; refuses VIGOR without in-loop rewards."""
         super().on_init_end()  # verl's sync trainer: push the (possibly resumed) actor weights to the rollout
         loss_mode = self.config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla")
         if self._vigor is not None and self.reward_loop_manager.reward_loop_worker_handles is None:

@@ -4,6 +4,7 @@ misconfigured run, the import without verl, and a real training run of the smoke
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -446,3 +447,46 @@ def test_verl_cannot_build_its_actor_where_trl_1_is_installed_and_preflight_says
         apply_monkey_patch(model=AutoModelForCausalLM.from_pretrained(tiny_model))
     (problem,) = check_trl_conflict()
     assert problem.startswith("trl 1.16.0 is installed here") and "make install-trl" in problem
+
+
+def test_two_processes_carry_the_global_groups_and_reduce_the_sums(tiny_model, tmp_path):
+    """World size 2 (torchrun, gloo on CPU): TRL gathers the rewards of both processes and each keeps its own rows.
+    Every micro-batch row on either rank carries the (c, k, success) of its prompt's group counted over both ranks'
+    rewards (a rank that took the other's slice, or counted its own rows only, fails), and the logged gapo/* values,
+    reduced over the processes, are the same on both ranks."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = REPO / "tests" / "trl_integration" / "trl_world_size_run.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
+           "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                          "127.0.0.1", "--master_port", str(port), str(script), str(tmp_path), str(tiny_model)],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert len(ranks[0]["generations"]) == len(ranks[1]["generations"]) == 2  # 4 steps, a generation every 2
+    counts = set()
+    for g in range(2):
+        rows = ranks[0]["generations"][g] + ranks[1]["generations"][g]
+        assert len(rows) == 16  # 4 prompts x 4 completions over both ranks, 8 each
+        success = [reward is not None and reward > 0.5 for _, _, reward in rows]
+        members: dict[tuple, list[int]] = {}
+        for i, (prompt, _, _) in enumerate(rows):
+            members.setdefault(tuple(prompt), []).append(i)
+        expected = {}
+        for i, (prompt, completion, _) in enumerate(rows):
+            group = members[tuple(prompt)]
+            value = (sum(success[j] for j in group), len(group), success[i])
+            assert expected.setdefault((tuple(prompt), tuple(completion)), value) == value
+            counts.add(value[0])
+        for rank in ranks:
+            for batch in rank["micro_batches"][2 * g: 2 * g + 2]:
+                assert len(batch) == 4
+                for prompt, completion, c, k, ok in batch:
+                    assert (c, k, ok) == expected[(tuple(prompt), tuple(completion))]
+    assert len(counts) >= 2, counts
+    assert ranks[0]["logged"] and ranks[0]["logged"] == ranks[1]["logged"]
