@@ -35,6 +35,9 @@ SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts", "advantage")
 # The same sums per (group size, success rate) bucket, the clip fraction's two columns only
 KR_SUM_NAMES = ("clipped", "tokens")
 KR_COLUMNS = [SUM_NAMES.index(name) for name in KR_SUM_NAMES]
+# Prefix of the raw sums a loss reports (`named_sums`: f"{SUMS_PREFIX}/c{c}/{name}", f"{SUMS_PREFIX}/kr{id}/{name}",
+# ...); verl's trainer logs the actor's metrics under "actor/", where `diagnostics_from_sums` takes them back out.
+SUMS_PREFIX = "gapo_sums"
 
 # per-c metric names (followed by c); RATIO_DEV_POS and ADV_POS are the points of gapo/is_adv_corr
 CLIPFRAC_POS = "gapo/clipfrac_pos/c"
@@ -123,3 +126,18 @@ def is_adv_points(diagnostics: dict) -> list[tuple[float, float]]:
     """The step's per-c points (mean |ratio - 1|, mean advantage) from `metrics_from_sums`'s output, by c."""
     levels = sorted(int(key[len(RATIO_DEV_POS):]) for key in diagnostics if key.startswith(RATIO_DEV_POS))
     return [(diagnostics[f"{RATIO_DEV_POS}{c}"], diagnostics[f"{ADV_POS}{c}"]) for c in levels]
+
+
+def diagnostics_from_sums(metrics: dict, prefix: str = f"actor/{SUMS_PREFIX}/") -> dict[str, float]:
+    """Pop the loss's raw sums (keys starting with `prefix`, verl's `actor/gapo_sums/...`) out of `metrics` and
+    return the paper's diagnostics.
+
+    The loss reports them as SUM-aggregated verl Metrics: verl sums them over a mini-batch's micro-batches,
+    averages over data-parallel ranks and then over mini-batches, which scales every sum by the same factor,
+    so numerator / denominator is the exact ratio over the step whatever the (dynamic) micro-batching.
+    The metrics (`metrics_from_sums`): per success count c present, over the successes with a
+    positive advantage, gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c}, gapo/adv_pos/c{c}; the (k, rate) bucket
+    clip fractions; gapo/loss_eps_high_mean; gapo/is_adv_corr(_levels). Nothing when the loss reported no sums
+    (diagnostics off, baseline loss).
+    """
+    return metrics_from_sums({key[len(prefix):]: metrics.pop(key) for key in list(metrics) if key.startswith(prefix)})

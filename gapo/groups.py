@@ -99,3 +99,37 @@ def focal_weight(num_correct: torch.Tensor, group_size: torch.Tensor, gamma: flo
     if not gamma >= 0:
         raise ValueError(f"focal gamma must be >= 0, got {gamma}")
     return (1.0 - num_correct / group_size.clamp(min=1)).clamp(min=0.0) ** gamma
+
+
+def rollout_group_statistics(keys, uids, token_scores, settings, max_response_length: int, sessions: bool):
+    """Each rollout's (c, k, success) as the loss uses them, and which responses were truncated.
+
+    Args:
+        keys: verl's batch keys `{uid}_{session}_{index}`; uids: the rows' uids.
+        token_scores: (B, *) token-level rewards, nested (jagged) as TransferQueue returns them, or padded.
+        settings: GAPOConfig (success_threshold, mask_truncated).
+        max_response_length: data.max_response_length; a response this long was cut.
+        sessions: group as verl's GRPO advantage does (final output of each session); False for estimators
+            that group every row.
+    Returns:
+        (GroupStatistics, truncated (B,) bool; all False unless settings.mask_truncated).
+
+    A success is a sequence reward above `success_threshold` and, under overlong filtering, not truncated:
+    a truncated response gets zero advantage, so it counts as a failure of its group (DeepCoder) and never
+    gets the adaptive bound.
+    """
+    scores = token_scores.to_padded_tensor(0.0).sum(-1) if token_scores.is_nested else token_scores.sum(-1)
+    if settings.mask_truncated:
+        lengths = token_scores.offsets().diff() if token_scores.is_nested else torch.full(
+            (len(keys),), token_scores.shape[-1])
+        truncated = lengths >= max_response_length
+    else:
+        truncated = torch.zeros(len(keys), dtype=torch.bool)
+    success = (scores > settings.success_threshold) & ~truncated
+    return group_statistics(uids, success, session_final_rows(keys) if sessions else None), truncated
+
+
+def zero_rows(nested: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A jagged nested (B, *) tensor with the rows where `rows` is True set to zero."""
+    parts = [t * 0 if drop else t for t, drop in zip(nested.unbind(), rows.tolist())]
+    return torch.nested.as_nested_tensor(parts, layout=torch.jagged)

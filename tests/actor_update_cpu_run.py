@@ -199,7 +199,7 @@ def trainer_view(worker_metrics: dict) -> tuple[dict, dict]:
     from verl.utils.metric import reduce_metrics
     from verl.utils.py_functional import rename_dict
 
-    from gapo.verl_plugin.trainer import diagnostics_from_sums
+    from gapo.clip_diagnostics import diagnostics_from_sums
 
     output = rename_dict(dict(worker_metrics), "actor/")
     if "actor/mfu" in output:

@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from verl.utils.config import omega_conf_to_dataclass
 
+from gapo.clip_diagnostics import diagnostics_from_sums
 from gapo.verl_plugin.config import GAPOPolicyLossConfig
-from gapo.verl_plugin.trainer import diagnostics_from_sums
 from gapo.verl_plugin.validate import GAPOConfigError, validate_gapo_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,16 +137,6 @@ def test_gapo_trainer_refuses_a_bad_config_before_building_anything():
 
     with pytest.raises(GAPOConfigError, match="rollout.n=1"):
         GAPOTrainer(compose_cfg("smoke_cpu", ["actor_rollout_ref.rollout.n=1"]))
-
-
-def test_zero_rows_zeroes_only_the_truncated_rollouts():
-    import torch
-
-    from gapo.verl_plugin.trainer import zero_rows
-
-    nested = torch.nested.as_nested_tensor([torch.ones(3), torch.full((5,), 2.0), torch.ones(2)], layout=torch.jagged)
-    out = zero_rows(nested, torch.tensor([False, True, False])).unbind()
-    assert [t.tolist() for t in out] == [[1.0] * 3, [0.0] * 5, [1.0] * 2]
 
 
 def test_yaml_lists_every_gapo_knob_with_the_dataclass_default():

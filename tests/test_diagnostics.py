@@ -117,7 +117,7 @@ def _sums(levels: dict[int, tuple[float, float, float]], k: int = 4) -> dict[str
 
 
 def test_diagnostics_give_per_c_advantage_and_the_step_correlation():
-    from gapo.verl_plugin.trainer import diagnostics_from_sums, is_adv_points
+    from gapo.clip_diagnostics import diagnostics_from_sums, is_adv_points
 
     # c = 1: 10 tokens, mean |ratio - 1| 0.3, mean A 0.75; c = 2: 4 tokens, 0.1, 0.5; c = 3: 5 tokens, 0.2, 0.25
     out = diagnostics_from_sums(_sums({1: (10.0, 3.0, 7.5), 2: (4.0, 0.4, 2.0), 3: (5.0, 1.0, 1.25)}))
@@ -136,7 +136,7 @@ def test_diagnostics_give_per_c_advantage_and_the_step_correlation():
     ({}, 0),  # no success with a positive advantage this step
 ])
 def test_diagnostics_leave_an_undefined_correlation_out(levels, count):
-    from gapo.verl_plugin.trainer import diagnostics_from_sums
+    from gapo.clip_diagnostics import diagnostics_from_sums
 
     out = diagnostics_from_sums(_sums(levels))
     assert IS_ADV_CORR not in out and out[IS_ADV_CORR_LEVELS] == count
@@ -144,6 +144,6 @@ def test_diagnostics_leave_an_undefined_correlation_out(levels, count):
 
 
 def test_without_sums_there_are_no_correlation_metrics():
-    from gapo.verl_plugin.trainer import diagnostics_from_sums
+    from gapo.clip_diagnostics import diagnostics_from_sums
 
     assert diagnostics_from_sums({"actor/pg_clipfrac": 0.1}) == {}  # diagnostics off, or a baseline loss

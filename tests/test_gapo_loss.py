@@ -253,7 +253,7 @@ def test_diagnostic_sums_survive_verls_aggregation_with_unequal_micro_batch_coun
     from verl.utils.metric.utils import AggregationType, Metric
     from verl.utils.py_functional import append_to_dict
 
-    from gapo.verl_plugin.trainer import diagnostics_from_sums
+    from gapo.clip_diagnostics import diagnostics_from_sums
 
     def micro(clipped, tokens, aggregation):
         sums = {"gapo_sums/c1/clipped": clipped, "gapo_sums/c1/ratio_dev": 0.0, "gapo_sums/c1/tokens": tokens,
@@ -304,7 +304,7 @@ def _step_through_verl(loss_mode, packing):
     from verl.utils.metric.utils import AggregationType, Metric
     from verl.utils.py_functional import append_to_dict
 
-    from gapo.verl_plugin.trainer import diagnostics_from_sums
+    from gapo.clip_diagnostics import diagnostics_from_sums
 
     old, new, adv, mask = _pack_batch()
     cfg = actor_config(loss_mode, agg="token-mean" if loss_mode == "gapo_token" else "seq-mean-token-mean")

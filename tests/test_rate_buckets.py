@@ -7,9 +7,10 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
+from gapo.clip_diagnostics import diagnostics_from_sums
 from gapo.rate_buckets import CLIPFRAC_KR, bucket_ids, bucket_label, k_bins, num_buckets
 from gapo.verl_plugin.losses import SUMS_PREFIX, group_stats_context
-from gapo.verl_plugin.trainer import GAPOTrainer, diagnostics_from_sums
+from gapo.verl_plugin.trainer import GAPOTrainer
 
 # (c, k) -> label, by hand: k buckets 1 | 2 | 3-4 | 5-8 | 9-16 | 17-32 | 33-64, rate buckets with upper edges included
 CASES = [

@@ -44,7 +44,7 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
-from gapo.clip_diagnostics import diagnostic_sums, named_sums
+from gapo.clip_diagnostics import SUMS_PREFIX, diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
 from gapo.surrogate import sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import rollout_eps_high
@@ -58,9 +58,6 @@ STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 STEP_KEY = "gapo_step"
 ROWS_ENV = "GAPO_DEBUG_LOSS_ROWS"
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
-# Prefix of the raw per-c sums the loss reports (`gapo.clip_diagnostics.named_sums`: f"{SUMS_PREFIX}/c{c}/{name}",
-# f"{SUMS_PREFIX}/kr{id}/{name}", ...); the trainer turns them into gapo/* metrics.
-SUMS_PREFIX = "gapo_sums"
 
 MISSING_STATS_HELP = (
     "GAPO loss '{mode}' got no per-rollout group statistics: it needs the GAPO trainer, which computes each "

@@ -10,7 +10,7 @@ After the actor update the loss's raw per-c sums become the paper's diagnostics 
 step's per-c points join the window of `gapo/is_adv_corr_window` (`gapo.diagnostics`; kept by the trainer, so
 it restarts with the process).
 Besides (one hook, `_val_metrics_update`): validation also logs the evaluator's metrics from the val_kwargs.n
-samples per prompt (`val_passk_metrics`): unbiased pass@k for k = 1, 2, 4, ... <= n and coverage, per
+samples per prompt (`gapo.step_metrics.val_passk_metrics`): unbiased pass@k for k = 1, 2, 4, ... <= n and coverage, per
 benchmark, as `val-passk/<data_source>/...`.
 
 VIGOR (top-level `vigor` group, `vigor=enabled`; `gapo.verl_plugin.vigor`): `prepare_step` submits every prompt with
@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import deque
 
-import numpy as np
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
@@ -40,10 +38,10 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
-from gapo.clip_diagnostics import is_adv_points, metrics_from_sums
+from gapo.clip_diagnostics import diagnostics_from_sums, is_adv_points
 from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow
-from gapo.groups import group_statistics, session_final_rows
-from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, passk_metrics, spread
+from gapo.groups import rollout_group_statistics, zero_rows
+from gapo.step_metrics import ValidationWindow, reward_extra_metrics, val_passk_metrics
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
 from gapo.verl_plugin.config import resolve_gapo_clips
@@ -54,11 +52,9 @@ from gapo.verl_plugin.losses import (
     ROWS_ENV,
     STEP_KEY,
     SUCCESS_KEY,
-    SUMS_PREFIX,
     GAPOActorLoss,
 )
 from gapo.verl_plugin.validate import (
-    VAL_COVERAGE_KEY,
     sampler_poll_interval,
     validate_gapo_config,
     validation_settings,
@@ -264,113 +260,6 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         return metrics
 
 
-def rollout_group_statistics(keys, uids, token_scores, settings, max_response_length: int, sessions: bool):
-    """Each rollout's (c, k, success) as the loss uses them, and which responses were truncated.
-
-    Args:
-        keys: verl's batch keys `{uid}_{session}_{index}`; uids: the rows' uids.
-        token_scores: (B, *) token-level rewards, nested (jagged) as TransferQueue returns them, or padded.
-        settings: GAPOConfig (success_threshold, mask_truncated).
-        max_response_length: data.max_response_length; a response this long was cut.
-        sessions: group as verl's GRPO advantage does (final output of each session); False for estimators
-            that group every row.
-    Returns:
-        (GroupStatistics, truncated (B,) bool; all False unless settings.mask_truncated).
-
-    A success is a sequence reward above `success_threshold` and, under overlong filtering, not truncated:
-    a truncated response gets zero advantage, so it counts as a failure of its group (DeepCoder) and never
-    gets the adaptive bound.
-    """
-    scores = token_scores.to_padded_tensor(0.0).sum(-1) if token_scores.is_nested else token_scores.sum(-1)
-    if settings.mask_truncated:
-        lengths = token_scores.offsets().diff() if token_scores.is_nested else torch.full(
-            (len(keys),), token_scores.shape[-1])
-        truncated = lengths >= max_response_length
-    else:
-        truncated = torch.zeros(len(keys), dtype=torch.bool)
-    success = (scores > settings.success_threshold) & ~truncated
-    return group_statistics(uids, success, session_final_rows(keys) if sessions else None), truncated
-
-
-def zero_rows(nested: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """A jagged nested (B, *) tensor with the rows where `rows` is True set to zero."""
-    parts = [t * 0 if drop else t for t, drop in zip(nested.unbind(), rows.tolist())]
-    return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
-
-
 def _as_list(values) -> list:
     """A non-tensor TransferQueue field as a python list (a list, or a NonTensorStack in some versions)."""
     return values.tolist() if hasattr(values, "tolist") else list(values)
-
-
-def reward_extra_metrics(extra_fields: list) -> dict[str, float]:
-    """Means of the reward function's numeric extra fields over the step's rollouts, as `reward/<key>/mean`.
-
-    verl 0.9.1's v1 trainer logs them only at validation; training needs them too (format failures, timeouts).
-    """
-    values: dict[str, list[float]] = {}
-    for fields in extra_fields:
-        info = fields.get("reward_extra_info", {}) if isinstance(fields, dict) else {}
-        for key, value in info.items():
-            if isinstance(value, (bool, int, float, np.number)) and not isinstance(value, str):
-                values.setdefault(key, []).append(float(value))
-    return {f"reward/{key}/mean": float(np.mean(vals)) for key, vals in values.items()}
-
-
-class ValidationWindow:
-    """Mean and spread of validation's pass@k and coverage over the latest ``size`` validations.
-
-    ``add(metrics)`` takes one validation's ``val-passk/<source>/{pass@k, coverage@t}`` values and returns
-    ``val-passk-window/<source>/<name>/mean`` and ``.../std`` (sample standard deviation, n - 1, as ``python -m eval
-    aggregate``; 0 with one value) over the values of that name in the window, and ``val-passk-window/size`` (how
-    many validations it holds). The paper reports coverage as such an average late in training."""
-
-    def __init__(self, size: int):
-        self.history: deque[dict[str, float]] = deque(maxlen=size)
-
-    def add(self, metrics: dict[str, float]) -> dict[str, float]:
-        kept = {k: float(v) for k, v in metrics.items()
-                if k.startswith("val-passk/") and ("/pass@" in k or "/coverage@" in k)}
-        self.history.append(kept)
-        out = {"val-passk-window/size": float(len(self.history))}
-        for key in kept:
-            sp = spread([h[key] for h in self.history if key in h])  # eval's own mean and sample std
-            name = key.replace("val-passk/", "val-passk-window/", 1)
-            out[f"{name}/mean"], out[f"{name}/std"] = sp["mean"], sp["std"] or 0.0
-        return out
-
-
-def val_passk_metrics(data_sources, sample_uids, infos: dict, expected_counts: dict | None = None,
-                      success_threshold: float = 0.5,
-                      coverage_threshold: float = DEFAULT_COVERAGE_THRESHOLD) -> dict[str, float]:
-    """pass@k (k = 1, 2, 4, ... <= n) and coverage per data_source from validation's per-sample lists.
-
-    A sample is correct when the reward's `acc` says so, else when its reward exceeds `success_threshold`.
-    Prompts are grouped by uid; sessions that failed (in `expected_counts`, keyed (data_source, uid),
-    but absent) count as incorrect, as verl's own `acc` metrics do. Names: `val-passk/<source>/pass@<k>`,
-    `.../coverage@<threshold %>` (problems with solve rate above `coverage_threshold`, the config's
-    `trainer.val_coverage_threshold`, default 5%), `.../coverage_frac@<threshold %>`, `.../unsolved_frac`,
-    `.../all_solved_frac`, `.../problems`.
-    """
-    if not 0 <= float(coverage_threshold) < 1:
-        raise ValueError(f"{VAL_COVERAGE_KEY} must be a solve rate in [0, 1), got {coverage_threshold}")
-    rewards = infos.get("reward", [])
-    accs = infos.get("acc") or [None] * len(rewards)
-    correct = [bool(a) if a is not None else float(r) > success_threshold for a, r in zip(accs, rewards, strict=True)]
-    return passk_metrics(data_sources, sample_uids, correct, expected=expected_counts,
-                         coverage_threshold=float(coverage_threshold))
-
-
-def diagnostics_from_sums(metrics: dict) -> dict[str, float]:
-    """Pop the loss's raw sums (`actor/gapo_sums/...`) out of `metrics` and return the paper's diagnostics.
-
-    The loss reports them as SUM-aggregated verl Metrics: verl sums them over a mini-batch's micro-batches,
-    averages over data-parallel ranks and then over mini-batches, which scales every sum by the same factor,
-    so numerator / denominator is the exact ratio over the step whatever the (dynamic) micro-batching.
-    The metrics (`gapo.clip_diagnostics.metrics_from_sums`): per success count c present, over the successes with a
-    positive advantage, gapo/clipfrac_pos/c{c}, gapo/ratio_dev_pos/c{c}, gapo/adv_pos/c{c}; the (k, rate) bucket
-    clip fractions; gapo/loss_eps_high_mean; gapo/is_adv_corr(_levels). Nothing when the loss reported no sums
-    (diagnostics off, baseline loss).
-    """
-    prefix = f"actor/{SUMS_PREFIX}/"
-    return metrics_from_sums({key[len(prefix):]: metrics.pop(key) for key in list(metrics) if key.startswith(prefix)})

@@ -8,6 +8,7 @@ from verl.trainer.distillation import is_distillation_enabled
 from verl.utils.config import omega_conf_to_dataclass
 
 from gapo.config import GAPOConfig
+from gapo.step_metrics import VAL_COVERAGE_KEY
 from gapo.verl_plugin.config import resolve_gapo_clips
 from gapo.verl_plugin.losses import GAPO_LOSS_MODES
 from gapo.verl_plugin.vigor import VigorConfigError, vigor_settings
@@ -44,7 +45,6 @@ def sampler_poll_interval(config: DictConfig) -> float | None:
     return interval
 
 
-VAL_COVERAGE_KEY = "trainer.val_coverage_threshold"
 VAL_WINDOW_KEY = "trainer.val_window"
 
 
