@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -62,9 +62,58 @@ VARIANCE_DDOF = 0
 SampleFn = Callable[[Mapping[int, int]], Mapping[int, Sequence[float]]]
 
 
+class FieldRule(NamedTuple):
+    """One knob's check: `ok(value)` must hold, else ValueError(message.format(key=..., value=...))."""
+
+    name: str
+    ok: Callable[[object], bool]
+    message: str
+
+
+# VigorConfig's per-field rules, checked in this order at construction (and again by `validate`). `{key}` is
+# the knob's full key (vigor.<name>), `{value}` its value; each message names the key, the value and the fix.
+FIELD_RULES = (
+    FieldRule("enable", lambda v: isinstance(v, bool), "{key}={value!r} must be true or false"),
+    FieldRule(
+        "m0",
+        lambda v: _is_int(v) and v >= 1,
+        "{key}={value!r}: the first round's rollouts per prompt must be an integer >= 1 "
+        f"(2 is the smallest that shows a variance); set e.g. {CONFIG_PREFIX}.m0=2",
+    ),
+    FieldRule(
+        "rounds",
+        lambda v: _is_int(v) and v >= 1,
+        "{key}={value!r} must be an integer >= 1 (the last round spends what is "
+        f"left of the budget); set e.g. {CONFIG_PREFIX}.rounds=4, or {CONFIG_PREFIX}.enable=false",
+    ),
+    FieldRule(
+        "keep",
+        lambda v: _is_real(v) and 0 < v <= 1,
+        "{key}={value!r}: the fraction of active prompts kept per round must lie in "
+        f"(0, 1]; set e.g. {CONFIG_PREFIX}.keep=0.5",
+    ),
+    FieldRule(
+        "growth",
+        lambda v: _is_real(v) and v >= 1,
+        "{key}={value!r}: the per-round growth of a kept prompt's new rollouts "
+        f"must be a finite number >= 1 (1 = equal adds); set e.g. {CONFIG_PREFIX}.growth=2",
+    ),
+    FieldRule(
+        "tie_break",
+        lambda v: v in TIE_BREAKS,
+        f"{{key}}={{value!r}} is not a tie-break; choose one of {', '.join(TIE_BREAKS)}",
+    ),
+    FieldRule("seed", lambda v: _is_int(v) and v >= 0, "{key}={value!r} must be an integer >= 0 (numpy seeds are)"),
+)
+
+
 @dataclass
 class VigorConfig:
     """VIGOR's knobs; in the trainer they live under the top-level `vigor` key (CONFIG_PREFIX, configs/vigor/).
+
+    A config validates itself: construction checks every knob against FIELD_RULES and raises ValueError naming
+    the first bad key, its value and the fix. `validate(n)` checks them again (a field may have been assigned
+    since) and, given rollout.n, that m0 <= n.
 
     Attributes:
         enable: allocate rollouts with VIGOR; False samples n per prompt uniformly (nothing here runs).
@@ -88,38 +137,16 @@ class VigorConfig:
     tie_break: str = "random"
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self, n: Optional[int] = None) -> None:
         """Raise ValueError naming the bad key, its value and the fix; `n` is rollout.n (m0 <= n is checked
         only when it is given)."""
-        if not isinstance(self.enable, bool):
-            raise ValueError(f"{CONFIG_PREFIX}.enable={self.enable!r} must be true or false")
-        if not _is_int(self.m0) or self.m0 < 1:
-            raise ValueError(
-                f"{CONFIG_PREFIX}.m0={self.m0!r}: the first round's rollouts per prompt must be an integer >= 1 "
-                f"(2 is the smallest that shows a variance); set e.g. {CONFIG_PREFIX}.m0=2"
-            )
-        if not _is_int(self.rounds) or self.rounds < 1:
-            raise ValueError(
-                f"{CONFIG_PREFIX}.rounds={self.rounds!r} must be an integer >= 1 (the last round spends what is "
-                f"left of the budget); set e.g. {CONFIG_PREFIX}.rounds=4, or {CONFIG_PREFIX}.enable=false"
-            )
-        if not (_is_real(self.keep) and 0 < self.keep <= 1):
-            raise ValueError(
-                f"{CONFIG_PREFIX}.keep={self.keep!r}: the fraction of active prompts kept per round must lie in "
-                f"(0, 1]; set e.g. {CONFIG_PREFIX}.keep=0.5"
-            )
-        if not (_is_real(self.growth) and self.growth >= 1):
-            raise ValueError(
-                f"{CONFIG_PREFIX}.growth={self.growth!r}: the per-round growth of a kept prompt's new rollouts "
-                f"must be a finite number >= 1 (1 = equal adds); set e.g. {CONFIG_PREFIX}.growth=2"
-            )
-        if self.tie_break not in TIE_BREAKS:
-            raise ValueError(
-                f"{CONFIG_PREFIX}.tie_break={self.tie_break!r} is not a tie-break; choose one of "
-                f"{', '.join(TIE_BREAKS)}"
-            )
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ValueError(f"{CONFIG_PREFIX}.seed={self.seed!r} must be an integer >= 0 (numpy seeds are)")
+        for rule in FIELD_RULES:
+            value = getattr(self, rule.name)
+            if not rule.ok(value):
+                raise ValueError(rule.message.format(key=f"{CONFIG_PREFIX}.{rule.name}", value=value))
         if n is not None:
             if not _is_int(n) or n < 1:
                 raise ValueError(f"{ROLLOUT_N_KEY}={n!r} must be an integer >= 1")

@@ -263,6 +263,25 @@ def test_bad_config_names_key_and_value(knobs, n, needle):
         assert f"{CONFIG_PREFIX}.{next(iter(knobs))}" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "knobs, needle",
+    [({"keep": 0}, "keep=0"), ({"m0": 0}, "m0=0"), ({"rounds": 1.5}, "rounds=1.5"), ({"growth": 0.5}, "growth=0.5"),
+     ({"tie_break": "easy"}, "tie_break='easy'"), ({"seed": -1}, "seed=-1"), ({"enable": 1}, "enable=1")],
+)
+def test_a_bad_knob_raises_at_construction(knobs, needle):
+    """No VigorConfig with a bad knob exists: construction checks every field, no validate() call needed."""
+    with pytest.raises(ValueError, match=f"^{CONFIG_PREFIX}\\.{needle}") as err:
+        VigorConfig(**knobs)
+    assert f"{CONFIG_PREFIX}.{next(iter(knobs))}" in str(err.value)
+
+
+def test_validate_rechecks_a_field_assigned_after_construction():
+    cfg = VigorConfig()
+    cfg.keep = 2.0
+    with pytest.raises(ValueError, match=r"vigor\.keep=2\.0"):
+        cfg.validate()
+
+
 def test_bad_round_inputs_are_named():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="prompt 1 has rewards"):

@@ -87,10 +87,11 @@ def vigor_settings(config: DictConfig) -> Optional[VigorConfig]:
     if unknown:
         raise VigorConfigError(f"unknown VIGOR key(s) {[f'{CONFIG_PREFIX}.{k}' for k in unknown]}; the knobs are "
                                f"{sorted(known)}")
-    cfg = VigorConfig(**knobs)
     n = config.actor_rollout_ref.rollout.n
     try:
-        cfg.validate(n if cfg.enable is True else None)
+        cfg = VigorConfig(**knobs)  # checks every knob (gapo.vigor.FIELD_RULES), off or on
+        if cfg.enable:
+            cfg.validate(n)  # and m0 <= rollout.n, which matters only when VIGOR runs
     except ValueError as err:
         raise VigorConfigError(str(err)) from None
     if not cfg.enable:
