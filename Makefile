@@ -189,15 +189,15 @@ smoke-trl: install-trl
 	$(TRL_PY) -m recipe.trl_smoke --out runs/smoke-trl --level $(LEVEL)
 
 bench: install
-	$(PY) -m recipe.bench_loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05
-	$(PY) -m recipe.bench_math_reward
-	$(PY) -m recipe.bench_sandbox
-	$(PY) -m recipe.bench_code_parse --max-growth 3 --hostile
-	$(PY) -m recipe.bench_code_prepare --max-peak-mb 1536
+	$(PY) -m recipe.bench.loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05
+	$(PY) -m recipe.bench.math_reward
+	$(PY) -m recipe.bench.sandbox
+	$(PY) -m recipe.bench.code_parse --max-growth 3 --hostile
+	$(PY) -m recipe.bench.code_prepare --max-peak-mb 1536
 
 # HF vs vLLM rollout on the same smoke run, at the CPU presets' poll interval and at verl's 2.0 s (about 10 min)
 bench-rollout: install install-vllm
-	$(PY) -m recipe.bench_rollout
+	$(PY) -m recipe.bench.rollout
 
 table: install
 	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)
@@ -223,16 +223,17 @@ PLOT_RUN_ARGS ?=
 plot-run: install
 	$(PY) -m recipe.plot_run $(RUN_DIRS) --out $(CURVES) $(PLOT_RUN_ARGS)
 
-# the seeded GSPO-vs-GAPO study (recipe/study.py): STUDY_JOBS runs at once (~4 GiB each), STUDY_ARGS e.g.
-# "--seeds 0 1 2 3 --steps 32" (python -m recipe.study -h); a rerun keeps the runs that finished
+# the seeded GSPO-vs-GAPO study (recipe/studies/gspo_vs_gapo.py): STUDY_JOBS runs at once (~4 GiB each),
+# STUDY_ARGS e.g. "--seeds 0 1 2 3 --steps 32" (python -m recipe.studies.gspo_vs_gapo -h); a rerun keeps the runs
+# that finished
 STUDY_DIR ?= runs/study$(if $(REDUCED),-reduced)
 STUDY_JOBS ?= 2
 STUDY_ARGS ?=
 study: install
-	$(PY) -m recipe.study --out $(STUDY_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
+	$(PY) -m recipe.studies.gspo_vs_gapo --out $(STUDY_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
 
-# the 2x2 allocation (uniform, VIGOR) x clip (fixed, GAPO) study (recipe/study_vigor.py), same knobs as `study`
-# (STUDY_ARGS e.g. "--target 0.3"; python -m recipe.study_vigor -h)
+# the 2x2 allocation (uniform, VIGOR) x clip (fixed, GAPO) study (recipe/studies/vigor_2x2.py), same knobs as `study`
+# (STUDY_ARGS e.g. "--target 0.3"; python -m recipe.studies.vigor_2x2 -h)
 STUDY_VIGOR_DIR ?= runs/study-vigor$(if $(REDUCED),-reduced)
 study-vigor: install
-	$(PY) -m recipe.study_vigor --out $(STUDY_VIGOR_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
+	$(PY) -m recipe.studies.vigor_2x2 --out $(STUDY_VIGOR_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)

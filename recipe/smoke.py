@@ -233,7 +233,7 @@ def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[
 
 def write_summary(path: Path, rollout: str, wall_s: float, result: dict) -> None:
     """OUT/logs/summary.json: engine, wall time, each run's wall time and peak memory (PSS of its whole process
-    tree), and every step's metrics (recipe.bench_rollout compares engines from it)."""
+    tree), and every step's metrics (recipe.bench.rollout compares engines from it)."""
     runs = [{"name": name, "wall_s": r["wall_s"], "peak_pss_bytes": r["peak_pss_bytes"]}
             for name, r in zip(("run1", "run2"), result["runs"])]
     steps = {str(step): m for step, m in sorted({**result["run1"], **result["run2"]}.items())}

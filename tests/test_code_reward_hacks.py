@@ -6,7 +6,7 @@
 2. Integers are exact (no float tolerance where an integer is expected; bool is not int), on every path.
 3. The scorer never raises: malformed and hostile outputs through stdin/stdout, function-call and HumanEval
    are each a score of 0 with a reason.
-4. Parent-side parsing is linear: counted work, not timed (timings are in ``recipe/bench_code_parse.py``).
+4. Parent-side parsing is linear: counted work, not timed (timings are in ``recipe/bench/code_parse.py``).
 6. Output caps for HumanEval are what the judge needs; the answer's prints do not count against them.
 
 Parser tests need no sandbox; the others skip where bubblewrap cannot work.

@@ -11,7 +11,7 @@ r"""Math reward against answers a policy could be paid for without being right (
   operators are never paid as one of their sides (every macro of the table is tried); formatting wrappers,
   nested or around fractions, do not turn a right answer wrong.
 
-The verdicts live in :data:`gapo.rewards.math_cases.HACKS` (shared with ``recipe.bench_math_reward
+The verdicts live in :data:`gapo.rewards.math_cases.HACKS` (shared with ``recipe.bench.math_reward
 --table hacks``); this file adds the option, the helpers and the failure paths.
 """
 

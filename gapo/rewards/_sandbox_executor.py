@@ -117,7 +117,7 @@ def send(obj) -> None:
 # PID 1 of a test's namespace: a shell that runs the program as its child and exits with its status (128 + N
 # for a death by signal N); its exit ends the namespace (the kernel kills what is left, and bwrap returns
 # once all is gone). Not bwrap's own init: measured 20-40% lower throughput here (15-25% slower per 15-test
-# problem), against 7-9% for the shell (python -m recipe.bench_sandbox --repeats 5 --tests 300).
+# problem), against 7-9% for the shell (python -m recipe.bench.sandbox --repeats 5 --tests 300).
 INIT_SHELL = ["/bin/sh", "-c", '"$@"; exit $?', "sh"]  # not a lone "$@": a shell may exec a last command
 
 

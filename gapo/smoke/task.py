@@ -70,9 +70,9 @@ def make_rows(n: int, *, seed: int, split: str,
     return rows
 
 
-# The study's difficulty buckets (recipe/study.py): |S| ranges and, for the random model, success ~ |S| / 41
-# with 8 new tokens (`expected_success_rate`): hard 2.4-9.8% (the tail where the paper says GAPO helps),
-# mid 20-49%, easy 61-78%.
+# The study's difficulty buckets (recipe/studies/gspo_vs_gapo.py): |S| ranges and, for the random model,
+# success ~ |S| / 41 with 8 new tokens (`expected_success_rate`): hard 2.4-9.8% (the tail where the paper says GAPO
+# helps), mid 20-49%, easy 61-78%.
 DIFFICULTY_BUCKETS = {"hard": (1, 4), "mid": (8, 20), "easy": (25, 32)}
 
 

@@ -1,7 +1,8 @@
-"""The 2x2 study in reduced mode (`python -m recipe.study_vigor --reduced`: seed 0, fixed clip-higher GSPO, GAPO
+"""The 2x2 study in reduced mode (`python -m recipe.studies.vigor_2x2 --reduced`: seed 0, fixed clip-higher GSPO, GAPO
 linear and GAPO linear under VIGOR's allocation, 3 steps, validation before and after) through verl's trainer with
-verl's real vLLM rollout on CPU. It is the clip study's reduced run (`recipe.study --reduced`: the same two uniform
-methods, the same report code) plus a VIGOR run and the VIGOR study's own section, so one fixture covers both.
+verl's real vLLM rollout on CPU. It is the clip study's reduced run (`recipe.studies.gspo_vs_gapo --reduced`: the
+same two uniform methods, the same report code) plus a VIGOR run and the VIGOR study's own section, so one fixture
+covers both.
 
 It runs here, in the vLLM stream of `make test`, because that stream finishes minutes before the default one; the
 study code is the same for both engines (`--rollout` only adds `platform=cpu_vllm`), and VIGOR's rounds with the HF
@@ -20,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from recipe.smoke import MAX_ROLLOUT_PROBS_DIFF
-from recipe.study import StudySettings
-from recipe.study_vigor import REDUCED_METHODS, SUCCESS_RATE
+from recipe.studies.gspo_vs_gapo import StudySettings
+from recipe.studies.vigor_2x2 import REDUCED_METHODS, SUCCESS_RATE
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def reduced_study(tmp_path_factory):
     out = tmp_path_factory.mktemp("study")
-    proc = subprocess.run([sys.executable, "-m", "recipe.study_vigor", "--reduced", "--rollout", "vllm", "--out",
+    proc = subprocess.run([sys.executable, "-m", "recipe.studies.vigor_2x2", "--reduced", "--rollout", "vllm", "--out",
                            str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"out": out, "stdout": proc.stdout}

@@ -1,6 +1,6 @@
 """Seeded GSPO-vs-GAPO study on CPU: fixed clips against GAPO's adaptive clip on a task with a hard tail.
 
-    python -m recipe.study [--out runs/study] [--seeds 0 1 2] [--methods ...] [--steps 24] [--reduced]
+    python -m recipe.studies.gspo_vs_gapo [--out runs/study] [--seeds 0 1 2] [--methods ...] [--steps 24] [--reduced]
     make study            (the full study, about 30 minutes on 2 cores)
     make study REDUCED=1  (one seed, two methods, 3 steps: what CI runs)
 
@@ -58,7 +58,8 @@ METHODS: dict[str, tuple[str, list[str]]] = {
 }
 CLIP_METHODS = tuple(METHODS)  # the clip study's methods (`make study`)
 # VIGOR's allocation (gapo.vigor; configs/vigor/) over two of the clips above: the 2x2 allocation x clip study
-# (`make study-vigor`, recipe/study_vigor.py) runs them beside their uniform twins gspo_clip_higher and gapo_linear
+# (`make study-vigor`, recipe/studies/vigor_2x2.py) runs them beside their uniform twins gspo_clip_higher and
+# gapo_linear
 VIGOR_ON = ["vigor=enabled"]
 METHODS.update({
     "vigor_gspo_clip_higher": ("VIGOR allocation (random tie-break), fixed clip-higher",
@@ -159,7 +160,7 @@ def run_all(out: Path, s: StudySettings, echo=print) -> dict[str, Path]:
     {run name: metrics file}. Writes OUT/commands.sh first."""
     runs = [(m, seed) for seed in s.seeds for m in s.methods]
     lines = ["#!/usr/bin/env bash",
-             "# The study's runs as recipe/study.py starts them, from the repo root (each run also",
+             "# The study's runs as recipe/studies/gspo_vs_gapo.py starts them, from the repo root (each run also",
              "# gets its own Ray temp dir: +ray_kwargs.ray_init._temp_dir=/tmp/gsm-...).",
              "set -euo pipefail"]
     for method, seed in runs:
@@ -369,8 +370,9 @@ def render_markdown(summary: dict, s: StudySettings, wall_s: float | None, title
     methods, buckets = summary["methods"], list(summary["buckets"])
     names = val_names(s)
     lines = [f"# {title or CLIP_STUDY.title}", "",
-             "Produced by `python -m recipe.study` (recipe/study.py); every number is computed from the runs' metrics "
-             "files (report.json holds them with the per-seed values). Mean ± sample standard deviation across seeds.",
+             "Produced by `python -m recipe.studies.gspo_vs_gapo` (recipe/studies/gspo_vs_gapo.py); every number is "
+             "computed from the runs' metrics files (report.json holds them with the per-seed values). Mean ± sample "
+             "standard deviation across seeds.",
              "", "## Setup", "",
              f"- seeds {s.seeds} (data order and rollout sampling; the same for every method), {s.steps} steps of 8 "
              f"prompts x 8 rollouts (4 mini-batches per rollout batch, learning rate {s.lr:g}), {s.steps * 64} "
@@ -466,8 +468,8 @@ class StudyPreset:
     extra: object = None
 
 
-CLIP_STUDY = StudyPreset(prog="python -m recipe.study", description=__doc__.splitlines()[0], out="runs/study",
-                         methods=CLIP_METHODS, reduced_methods=REDUCED_METHODS,
+CLIP_STUDY = StudyPreset(prog="python -m recipe.studies.gspo_vs_gapo", description=__doc__.splitlines()[0],
+                         out="runs/study", methods=CLIP_METHODS, reduced_methods=REDUCED_METHODS,
                          title="GSPO vs GAPO on CPU: the seeded study")
 
 

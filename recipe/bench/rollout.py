@@ -1,6 +1,6 @@
 """Benchmark: the two CPU rollout engines (HF generate, verl's vLLM) on the same smoke run, and the poll interval.
 
-    python -m recipe.bench_rollout [--out runs/bench-rollout] [--steps 3] [--engines hf vllm]
+    python -m recipe.bench.rollout [--out runs/bench-rollout] [--steps 3] [--engines hf vllm]
         [--poll-intervals 0.05 2.0] [--json out.json]          (or `make bench-rollout`)
 
 Runs `python -m recipe.smoke` once per (engine, poll interval), each in its own environment (hf: .venv, vllm:
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHONS = {"hf": ROOT / ".venv" / "bin" / "python", "vllm": ROOT / ".venv-vllm" / "bin" / "python"}
 INSTALL = {"hf": "make install", "vllm": "make install-vllm"}
 
@@ -32,10 +32,10 @@ def run_one(engine: str, poll: float, out: Path, steps: int) -> dict:
         sys.exit(f"{python} is missing: run `{INSTALL[engine]}` first (or `make bench-rollout`, which does)")
     cmd = [str(python), "-m", "recipe.smoke", "--out", str(out), "--steps", str(steps - 1), "--resume-steps", "1",
            "--rollout", engine, f"trainer.v1.sampler.poll_interval={poll}"]
-    print(f"[bench_rollout] {engine}, poll_interval {poll}: {' '.join(cmd[1:])}", flush=True)
+    print(f"[bench.rollout] {engine}, poll_interval {poll}: {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        sys.exit(f"[bench_rollout] {engine} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        sys.exit(f"[bench.rollout] {engine} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return json.loads((out / "logs" / "summary.json").read_text())
 
 
@@ -61,7 +61,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m recipe.bench_rollout", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m recipe.bench.rollout", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/bench-rollout", help="one smoke folder per row under it (wiped)")
     parser.add_argument("--steps", type=int, default=3, help="steps in all: the last one after a resume (>= 2)")
     parser.add_argument("--engines", nargs="+", choices=sorted(PYTHONS), default=["hf", "vllm"])

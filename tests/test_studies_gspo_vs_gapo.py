@@ -1,6 +1,6 @@
-"""recipe/study.py: the report's numbers from constructed metrics files (hand-computed), the run bookkeeping (kept,
-rerun and command lines) with the trainer replaced, and the settings' errors. The real reduced study (verl's
-trainer, both methods) runs in tests/vllm/test_study_vllm.py."""
+"""recipe/studies/gspo_vs_gapo.py: the report's numbers from constructed metrics files (hand-computed), the run
+bookkeeping (kept, rerun and command lines) with the trainer replaced, and the settings' errors. The real reduced
+study (verl's trainer, both methods) runs in tests/vllm/test_study_vllm.py."""
 
 import json
 import math
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import recipe.study as study
-from recipe.study import StudySettings, report, run_name, summarize
+import recipe.studies.gspo_vs_gapo as study
+from recipe.studies.gspo_vs_gapo import StudySettings, report, run_name, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BUCKETS = ("hard", "mid", "easy")

@@ -1,6 +1,6 @@
 """Benchmark: cost of the GAPO loss against verl's gspo loss (forward + backward, same tensors).
 
-    python -m recipe.bench_loss [--batch 64] [--tokens 4096] [--repeats 300] [--threads 1] [--json out.json]
+    python -m recipe.bench.loss [--batch 64] [--tokens 4096] [--repeats 300] [--threads 1] [--json out.json]
                                 [--max-ratio-diag 1.15] [--max-ratio-nodiag 1.05]
 
 Three variants, called through verl's registry (`get_policy_loss_fn`) with one actor config (clips
@@ -156,7 +156,7 @@ def _over_limits(summary: dict, limits: dict[str, float | None]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recipe.bench_loss", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m recipe.bench.loss", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=4096, help="padded response length; real lengths vary")
     parser.add_argument("--group-size", type=int, default=8)

@@ -14,7 +14,7 @@ to a process pool: from threads its alarms raise (counted as exceptions).
 paid for without being right, next to right answers of the same shapes), kept apart from ``CASES`` so
 that the default table stays comparable across versions.
 
-    python -m recipe.bench_math_reward [--table cases|hacks] [--repeats 2] [--rounds 3] [--threads 8] [--verbose] [--json out.json]
+    python -m recipe.bench.math_reward [--table cases|hacks] [--repeats 2] [--rounds 3] [--threads 8] [--verbose] [--json out.json]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _fmt(row) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m recipe.bench.math_reward", description=__doc__.splitlines()[0])
     p.add_argument("--table", choices=sorted(TABLES), default="cases", help="which case table to run")
     p.add_argument("--repeats", type=int, default=2, help="passes over the case table per timed round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds; the fastest is reported")

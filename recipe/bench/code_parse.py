@@ -11,7 +11,7 @@
    ``compute_code_score`` in the sandbox: wall time, and the parent's peak memory (``ru_maxrss`` and
    ``tracemalloc``). Every item must score 0 without raising.
 
-Usage: ``python -m recipe.bench_code_parse [--max-growth 3] [--hostile] [--json out.json]``
+Usage: ``python -m recipe.bench.code_parse [--max-growth 3] [--hostile] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def bench_hostile() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipe.bench.code_parse", description=__doc__.split("\n")[0])
     parser.add_argument("--max-growth", type=float, default=None,
                         help="fail if a parser's time per KB at 1 MB is more than this many times that at 1 KB")
     parser.add_argument("--hostile", action="store_true", help="also score the hostile set in the sandbox")

@@ -6,7 +6,7 @@ Measures, with the same interpreter and flags on both sides:
 2. throughput of many tests over the sandbox's slots (plain: a thread pool of the same size);
 3. scoring a typical problem: 15 stdin/stdout tests, and 15 function-call tests (median wall time).
 
-Usage: ``python -m recipe.bench_sandbox [--tests 200] [--repeats 10] [--json out.json]``
+Usage: ``python -m recipe.bench.sandbox [--tests 200] [--repeats 10] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def bench(n_tests: int, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recipe.bench.sandbox", description=__doc__.split("\n")[0])
     parser.add_argument("--tests", type=int, default=200, help="test runs for the throughput measurement")
     parser.add_argument("--repeats", type=int, default=10, help="repetitions of the 15-test problem")
     parser.add_argument("--json", help="also write the numbers here")

@@ -1,6 +1,6 @@
 """Peak memory of preparing LiveCodeBench rows with huge tests (issue: some lcbv5 rows carry payloads over 50 MB).
 
-    python -m recipe.bench_code_prepare [--huge-rows 6] [--huge-mb 60] [--small-rows 200] [--max-peak-mb N]
+    python -m recipe.bench.code_prepare [--huge-rows 6] [--huge-mb 60] [--small-rows 200] [--max-peak-mb N]
 
 Writes a synthetic DeepCoder-style ``livecodebench`` jsonl (``--huge-rows`` rows whose one stdin test carries
 ``--huge-mb`` MB of input, among ``--small-rows`` ordinary ones), runs ``python -m gapo.data.prepare_code --dataset
@@ -39,7 +39,8 @@ def write_source(path: Path, huge_rows: int, huge_mb: float, small_rows: int) ->
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m recipe.bench.code_prepare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--huge-rows", type=int, default=6)
     parser.add_argument("--huge-mb", type=float, default=60.0)
     parser.add_argument("--small-rows", type=int, default=200)

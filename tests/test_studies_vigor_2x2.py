@@ -1,17 +1,17 @@
-"""recipe/study_vigor.py: the 2x2 study's own report section from constructed metrics files (hand-computed numbers),
-its methods' overrides, and its flag's errors. The real reduced study (verl's trainer, vLLM rollout, uniform and VIGOR
-runs) runs in tests/vllm/test_study_vllm.py."""
+"""recipe/studies/vigor_2x2.py: the 2x2 study's own report section from constructed metrics files (hand-computed
+numbers), its methods' overrides, and its flag's errors. The real reduced study (verl's trainer, vLLM rollout,
+uniform and VIGOR runs) runs in tests/vllm/test_study_vllm.py."""
 
 import json
 import math
 
 import pytest
 
-import recipe.study as study
-import recipe.study_vigor as sv
-import tests.test_study as study_tests
-from recipe.study import StudySettings, report
-from tests.test_study import run_metrics
+import recipe.studies.gspo_vs_gapo as study
+import recipe.studies.vigor_2x2 as sv
+import tests.test_studies_gspo_vs_gapo as study_tests
+from recipe.studies.gspo_vs_gapo import StudySettings, report
+from tests.test_studies_gspo_vs_gapo import run_metrics
 
 METHODS = ["gapo_linear", "vigor_gapo_linear", "vigor_harder_gapo_linear"]
 SLOPE = {"gapo_linear": 0.1, "vigor_gapo_linear": 0.15, "vigor_harder_gapo_linear": 0.12}
@@ -149,7 +149,8 @@ def test_study_train_rows_carry_their_buckets_data_source(tmp_path):
 
 
 def test_held_out_comparisons_list_the_hard_bucket_always_and_others_only_beyond_noise(tmp_path):
-    # vigor_gapo_linear's validation numbers are 0.1 above gapo_linear's in every bucket (test_study's run_metrics)
+    # vigor_gapo_linear's validation numbers are 0.1 above gapo_linear's in every bucket
+    # (tests/test_studies_gspo_vs_gapo.py's run_metrics)
     for per_bucket, others in ((3, False), (400, True)):
         s = settings(val_per_bucket=per_bucket)
         metrics = {name: study.read_metrics(p) for name, p in write_runs(tmp_path / str(per_bucket), s).items()}

@@ -1,11 +1,11 @@
 """The 2x2 VIGOR study on CPU: allocation (uniform, VIGOR) x clip (fixed clip-higher, GAPO linear), seeded.
 
-    python -m recipe.study_vigor [--out runs/study-vigor] [--seeds 0 1 2] [--steps 24] [--reduced] [--target 0.3]
+    python -m recipe.studies.vigor_2x2 [--out runs/study-vigor] [--seeds 0 1 2] [--steps 24] [--reduced] [--target 0.3]
     make study-vigor             (5 methods x 3 seeds, about an hour on 2 cores; STUDY_JOBS=2 runs two at once)
     make study-vigor REDUCED=1   (seed 0, gspo_clip_higher, gapo_linear, vigor_gapo_linear, 3 steps: what CI runs)
 
-The same machinery, task, model and trainer as `recipe.study` (its docstring): every run is `recipe.main_gapo` on the
-CPU smoke preset, only the methods differ. Methods (`recipe.study.METHODS`):
+The same machinery, task, model and trainer as `recipe.studies.gspo_vs_gapo` (its docstring): every run is
+`recipe.main_gapo` on the CPU smoke preset, only the methods differ. Methods (`recipe.studies.gspo_vs_gapo.METHODS`):
 
     uniform allocation:  gspo_clip_higher (fixed clip)       gapo_linear (GAPO)
     VIGOR allocation:    vigor_gspo_clip_higher              vigor_gapo_linear
@@ -14,8 +14,8 @@ CPU smoke preset, only the methods differ. Methods (`recipe.study.METHODS`):
 VIGOR runs `vigor=enabled` with its defaults (configs/vigor/disabled.yaml: m0 = 2, 4 rounds, keep 0.5, growth 2) and
 `vigor.seed` = the run's seed; every run spends 8 prompts x 8 rollouts = 64 rollouts per step (checked from the logs).
 
-The report is `recipe.study`'s (held-out pass@k per difficulty bucket, training, per-c mechanism, figures) plus a
-section of its own, every number from the runs' metrics files (report.json, key `vigor_study`):
+The report is `recipe.studies.gspo_vs_gapo`'s (held-out pass@k per difficulty bucket, training, per-c mechanism,
+figures) plus a section of its own, every number from the runs' metrics files (report.json, key `vigor_study`):
 
 - rollouts to a target: the first step at which the trailing mean over SMOOTH (4) steps of
   `gapo/groups/success_rate_mean` (the batch's mean per-prompt success rate c / k, comparable between uniform and
@@ -34,8 +34,16 @@ from __future__ import annotations
 import argparse
 import math
 
-from recipe import study
-from recipe.study import StudyPreset, StudySettings, _distinguishable, _fmt, _mean_over, _spread, run_name
+from recipe.studies import gspo_vs_gapo as study
+from recipe.studies.gspo_vs_gapo import (
+    StudyPreset,
+    StudySettings,
+    _distinguishable,
+    _fmt,
+    _mean_over,
+    _spread,
+    run_name,
+)
 
 METHODS = ("gspo_clip_higher", "gapo_linear", "vigor_gspo_clip_higher", "vigor_gapo_linear",
            "vigor_harder_gapo_linear")
@@ -265,7 +273,8 @@ def markdown(section: dict, s: StudySettings) -> list[str]:
 
 
 class VigorReport:
-    """The VIGOR study's report sections for `recipe.study.report` (StudyPreset.extra), with its `--target` flag."""
+    """The VIGOR study's report sections for `recipe.studies.gspo_vs_gapo.report` (StudyPreset.extra), with its
+    `--target` flag."""
 
     def __init__(self, target: float | None = None):
         self.target = target
@@ -289,7 +298,7 @@ class VigorReport:
 
 
 VIGOR_STUDY = StudyPreset(
-    prog="python -m recipe.study_vigor", description=__doc__.splitlines()[0], out="runs/study-vigor",
+    prog="python -m recipe.studies.vigor_2x2", description=__doc__.splitlines()[0], out="runs/study-vigor",
     methods=METHODS, reduced_methods=REDUCED_METHODS,
     title="Uniform vs VIGOR allocation x fixed vs GAPO clip on CPU: the seeded 2x2 study", key="vigor_study",
     extra=VigorReport())

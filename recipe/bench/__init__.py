@@ -1,0 +1,1 @@
+"""Benchmarks, each run as `python -m recipe.bench.<name>` (`make bench`, `make bench-rollout`)."""
