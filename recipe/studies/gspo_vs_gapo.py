@@ -198,7 +198,7 @@ COVERAGE_THRESHOLD = "5%"  # trainer.val_coverage_threshold's default (configs/b
 
 
 def val_key(bucket: str, name: str) -> str:
-    """verl validation's metric of one bucket (gapo.verl_plugin.trainer.val_passk_metrics)."""
+    """verl validation's metric of one bucket (gapo.step_metrics.val_passk_metrics)."""
     from gapo.smoke.task import bucket_source
 
     return f"val-passk/{bucket_source(bucket)}/{name}"
