@@ -1,7 +1,7 @@
 """The session's smoke run at the cluster shape (2 FSDP ranks), with one rank's worker killed mid-step.
 
 Used by tests/conftest.py's ``smoke_run`` (read by tests/test_trainer_e2e.py, tests/test_cluster_e2e.py and
-tests/test_eval.py). The run is ``make smoke RANKS=2`` with a failure in the middle:
+tests/test_eval_cli.py). The run is ``make smoke RANKS=2`` with a failure in the middle:
 
 1. run1 (3 steps planned, a checkpoint every step, verl's rollout dump, GAPO's per-row loss dump) trains steps 1 and
    2; once step 2 is logged (its checkpoint is committed before the log line) and step 3 is under way, the Ray worker

@@ -62,13 +62,22 @@ def load_with_verl(files, tmp_path, max_prompt_length):
     return RLHFDataset(data_files=[str(f) for f in files], tokenizer=tokenizer, config=config)
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """The tiny char-level model (gapo/smoke/tiny_model.py), built once per test module (the evaluation's tests)."""
+    from gapo.smoke.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """One HF-rollout smoke run for the whole session, at the cluster shape: 2 FSDP ranks (verl's trainer, gloo;
     ~2 min here). run1 trains 2 steps with a checkpoint each step, verl's rollout dump and GAPO's per-row loss dump
     (GAPO_DEBUG_LOSS_ROWS), and is ended in step 3 by a SIGKILL of rank 1's worker; run2 resumes and trains step 3
     (tests/cluster_runs.py). Shared by the trainer's end-to-end checks (tests/test_trainer_e2e.py,
-    tests/test_cluster_e2e.py) and the evaluation of a real verl checkpoint (tests/test_eval.py), which only read it.
+    tests/test_cluster_e2e.py) and the evaluation of a real verl checkpoint (tests/test_eval_cli.py), which only read
+    it.
     Returns run_smoke's dict plus ``out``, ``rollout_dir``, ``rows_dir`` and ``kill``."""
     from tests.cluster_runs import killed_then_resumed
 
