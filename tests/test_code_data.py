@@ -33,7 +33,7 @@ from gapo.data.code_datasets import (
     source_tests,
     write_parquet,
 )
-from gapo.data.math_datasets import HubUnavailableError
+from gapo.data.sources import HubUnavailableError
 from gapo.data.prepare_code import main as cli_main
 from gapo.rewards import compute_score
 from gapo.rewards.code import CODE_SOURCES, parse_tests
@@ -541,3 +541,16 @@ def test_row_groups_are_bounded_in_bytes_as_well_as_rows(tmp_path):
     back = list(iter_parquet_rows(path, batch_bytes=4 << 20))
     assert [r["extra_info"]["problem_id"] for r in back] == [r["extra_info"]["problem_id"] for r in rows]
     assert all(len(json.loads(r["reward_model"]["ground_truth"])[0]["input"]) == (3 << 20) + 1 for r in back)
+
+
+def test_code_and_math_files_share_verl_row_schema_but_their_own_extra_info():
+    """One row schema (gapo.data.parquet_io.row_schema): the families differ only in extra_info after split/index."""
+    from gapo.data import math_datasets
+
+    code, math = parquet_schema(), math_datasets.parquet_schema()
+    assert code.names == math.names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert all(code.field(name) == math.field(name) for name in code.names[:-1])
+    code_info, math_info = code.field("extra_info").type, math.field("extra_info").type
+    assert [code_info.field(i) for i in range(2)] == [math_info.field(i) for i in range(2)]
+    assert [code_info.field(i).name for i in range(2)] == ["split", "index"]
+    assert code_info.field("num_tests").type == pa.int64() and math_info.field("raw_answer").type == pa.string()

@@ -30,3 +30,17 @@ def test_the_rule_sees_function_level_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from eval.passk import spread\n    import recipe.smoke\n")
     assert {"eval.passk", "recipe.smoke"} <= _imported_modules(probe)
+
+
+def test_the_data_families_share_sources_not_each_other():
+    """gapo/data: what both families need (sources, row schema, CLI skeleton) lives in shared modules, so neither
+    family's module imports the other's."""
+    data = ROOT / "gapo" / "data"
+    families = {"gapo.data.math_datasets", "gapo.data.code_datasets"}
+    offenders = {}
+    for path in sorted(data.glob("*_datasets.py")) + [data / "cli.py", data / "sources.py", data / "parquet_io.py"]:
+        own = f"gapo.data.{path.stem}"
+        bad = (_imported_modules(path) & families) - {own}
+        if bad:
+            offenders[path.name] = sorted(bad)
+    assert offenders == {}

@@ -3,7 +3,6 @@
 from gapo.data.math_datasets import (
     DATASETS,
     INSTRUCTION,
-    HubUnavailableError,
     MathDatasetSpec,
     PrepareSummary,
     get_spec,
@@ -11,6 +10,7 @@ from gapo.data.math_datasets import (
     prepare,
     to_parquet,
 )
+from gapo.data.sources import HubUnavailableError
 
 __all__ = [
     "DATASETS",

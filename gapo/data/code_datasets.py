@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gapo.data.math_datasets import LOCAL_SUFFIXES, HubUnavailableError, is_local_source
-from gapo.data.parquet_io import data_root, iter_parquet_rows, write_rows
+from gapo.data.parquet_io import data_root, iter_parquet_rows, row_schema, write_rows
+from gapo.data.sources import HubUnavailableError, hub_unavailable, is_local_source, local_file
 from gapo.rewards.code import parse_tests
 from gapo.rewards.code_protocol import PROTOCOLS, SourceProtocol, lcb_prompt
 
@@ -188,13 +188,8 @@ def iter_local_file(path: str | os.PathLike, batch_rows: int = 64) -> Iterator[d
     Parquet is read a few rows at a time, so a multi-GB file never sits in memory whole. A missing
     file or an unsupported suffix raises here, before any row is read.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"source file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix not in LOCAL_SUFFIXES:
-        raise ValueError(f"unsupported source file {path}: use one of {', '.join(LOCAL_SUFFIXES)}")
-    return _iter_file(path, suffix, batch_rows)
+    path = local_file(path)
+    return _iter_file(path, path.suffix.lower(), batch_rows)
 
 
 def _iter_file(path: Path, suffix: str, batch_rows: int) -> Iterator[dict]:
@@ -235,13 +230,7 @@ def iter_hub(spec: CodeDatasetSpec, hub_name: str | None = None) -> Iterator[dic
         rows = iter(ds)
         first = next(rows, _END)  # a stream that fails on its first file fails here, named, before any output
     except Exception as e:  # offline, gated, renamed: the library raises many different types
-        config = f", config {spec.subset!r}" if spec.subset else ""
-        raise HubUnavailableError(
-            f"could not load {name!r} (split {spec.split!r}{config}) from the Hugging Face hub: "
-            f"{type(e).__name__}: {e}\n"
-            f"If this machine is offline, download the dataset elsewhere and pass it as a local file: "
-            f"--source PATH ({'/'.join(LOCAL_SUFFIXES)}, with the hub dataset's columns).{_hub_hint(spec)}"
-        ) from e
+        raise hub_unavailable(name, spec.split, e, spec.subset, _hub_hint(spec)) from e
     return rows if first is _END else itertools.chain([first], rows)
 
 
@@ -668,22 +657,16 @@ def load_rows(spec: CodeDatasetSpec, source: str | os.PathLike | None = None, *,
 # --- writing -------------------------------------------------------------------------------------
 
 
-def parquet_schema():
-    """One Arrow schema for every code dataset, so verl can concatenate the files."""
-    import pyarrow as pa
+# extra_info's code fields, after the split and index every family has (gapo.data.parquet_io.row_schema).
+EXTRA_INFO = {"problem_id": "string", "test_kind": "string", "fn_name": "string", "num_tests": "int64",
+              "num_tests_source": "int64", "tests_dropped_for_size": "int64", "entry_point": "string",
+              "prompt": "string"}
 
-    string, int64 = pa.string(), pa.int64()
-    return pa.schema([
-        ("data_source", string),
-        ("prompt", pa.list_(pa.struct([("role", string), ("content", string)]))),
-        ("ability", string),
-        ("reward_model", pa.struct([("style", string), ("ground_truth", string)])),
-        ("extra_info", pa.struct([
-            ("split", string), ("index", int64), ("problem_id", string), ("test_kind", string),
-            ("fn_name", string), ("num_tests", int64), ("num_tests_source", int64),
-            ("tests_dropped_for_size", int64), ("entry_point", string), ("prompt", string),
-        ])),
-    ])
+
+def parquet_schema():
+    """One Arrow schema for every code dataset, so verl can concatenate the files: verl's row with
+    :data:`EXTRA_INFO`."""
+    return row_schema(EXTRA_INFO)
 
 
 def write_parquet(rows: Iterable[dict], path: str | os.PathLike, batch_rows: int = 64) -> Path:

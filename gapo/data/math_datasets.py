@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gapo.data.parquet_io import data_root, write_rows
+from gapo.data.parquet_io import data_root, row_schema, write_rows
+from gapo.data.sources import hub_unavailable, is_local_source, local_file
 
 # DeepScaleR's instruction, appended to every problem after one space: the only formatting the model is
 # asked for; the math reward reads the final answer from the response's \boxed{...}.
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 ABILITY = "math"
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 @dataclass(frozen=True)
@@ -158,10 +158,6 @@ _SPECS = (
 DATASETS: dict[str, MathDatasetSpec] = {spec.data_source: spec for spec in _SPECS}
 
 
-class HubUnavailableError(RuntimeError):
-    """The hub dataset could not be loaded (offline, no access, renamed)."""
-
-
 def get_spec(name: str) -> MathDatasetSpec:
     """The registered spec of ``name``; a ``KeyError`` naming the valid choices otherwise."""
     try:
@@ -170,35 +166,17 @@ def get_spec(name: str) -> MathDatasetSpec:
         raise KeyError(f"unknown math dataset {name!r}; valid: {', '.join(DATASETS)}") from None
 
 
-# --- reading the source ------------------------------------------------------------------------
-
-
-def is_local_source(source: str | os.PathLike) -> bool:
-    """A local file if it exists or names one of the supported suffixes; a hub dataset id otherwise."""
-    return Path(source).exists() or str(source).lower().endswith(LOCAL_SUFFIXES)
-
-
-def file_in_dir(directory: Path, name: str) -> Path:
-    """``directory/<name>.jsonl|.json|.parquet``, the first that exists (``--source DIR`` with ``--dataset all``)."""
-    for suffix in LOCAL_SUFFIXES:
-        path = Path(directory) / f"{name}{suffix}"
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"no {name}{{{','.join(LOCAL_SUFFIXES)}}} in source directory {directory}")
+# --- reading the source (what a source is and how it resolves: gapo.data.sources) ---------------
 
 
 def read_local_file(path: str | os.PathLike) -> list[dict]:
     """Rows of a ``.jsonl``, ``.json`` (a list of rows, or JSON lines as ``datasets`` writes) or ``.parquet``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"source file not found: {path}")
+    path = local_file(path)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
-    if suffix not in (".jsonl", ".json"):
-        raise ValueError(f"unsupported source file {path}: use one of {', '.join(LOCAL_SUFFIXES)}")
     text = path.read_text(encoding="utf-8")
     if suffix == ".json":
         try:
@@ -220,12 +198,7 @@ def read_hub(spec: MathDatasetSpec, hub_name: str | None = None) -> list[dict]:
 
         ds = datasets.load_dataset(name, spec.subset, split=spec.split)
     except Exception as e:  # offline, gated, renamed: the library raises many different types
-        raise HubUnavailableError(
-            f"could not load {name!r} (split {spec.split!r}) from the Hugging Face hub: "
-            f"{type(e).__name__}: {e}\n"
-            f"If this machine is offline, download the dataset elsewhere and pass it as a local file: "
-            f"--source PATH ({'/'.join(LOCAL_SUFFIXES)}, with the hub dataset's columns)."
-        ) from e
+        raise hub_unavailable(name, spec.split, e) from e
     return ds.to_list()
 
 
@@ -407,21 +380,15 @@ def _report_dropped(spec: MathDatasetSpec, dropped: list[int]) -> None:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def parquet_schema():
-    """One Arrow schema for every dataset, so verl can concatenate the files."""
-    import pyarrow as pa
+# extra_info's math fields, after the split and index every family has (gapo.data.parquet_io.row_schema).
+EXTRA_INFO = {"problem": "string", "raw_answer": "string", "solution": "string", "level": "string",
+              "subject": "string", "source_id": "string"}
 
-    string = pa.string()
-    return pa.schema([
-        ("data_source", string),
-        ("prompt", pa.list_(pa.struct([("role", string), ("content", string)]))),
-        ("ability", string),
-        ("reward_model", pa.struct([("style", string), ("ground_truth", string)])),
-        ("extra_info", pa.struct([
-            ("split", string), ("index", pa.int64()), ("problem", string), ("raw_answer", string),
-            ("solution", string), ("level", string), ("subject", string), ("source_id", string),
-        ])),
-    ])
+
+def parquet_schema():
+    """One Arrow schema for every math dataset, so verl can concatenate the files: verl's row with
+    :data:`EXTRA_INFO`."""
+    return row_schema(EXTRA_INFO)
 
 
 def to_parquet(rows: list[dict], path: str | os.PathLike) -> Path:

@@ -1,10 +1,11 @@
-"""Prepared data on disk: where it lives (`data_root`, the one definition) and one parquet writer for every dataset
-family (fixed schema, atomic rename)."""
+"""Prepared data on disk: where it lives (`data_root`, the one definition), the one parquet row schema (`row_schema`:
+verl's row, each family adding its extra_info fields) and one parquet writer for every dataset family (fixed schema,
+atomic rename)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 DATA_DIR_ENV = "GAPO_DATA_DIR"
@@ -14,6 +15,36 @@ def data_root() -> Path:
     """The data root: $GAPO_DATA_DIR, default ./data. The prepare CLIs write `<root>/math`, `<root>/code`; the
     configs read `${oc.env:GAPO_DATA_DIR,data}/...` and the evaluator resolves benchmark names under it."""
     return Path(os.environ.get(DATA_DIR_ENV) or "data")
+
+
+# Every family's extra_info starts with these: the row's role (train/test) and its position in the source.
+EXTRA_INFO_COMMON = {"split": "string", "index": "int64"}
+
+
+def row_schema(extra_info: Mapping[str, str]):
+    """The Arrow schema of a prepared row, verl's RL format (read by ``verl.utils.dataset.rl_dataset.RLHFDataset``)::
+
+        data_source   string
+        prompt        list<struct<role: string, content: string>>
+        ability       string
+        reward_model  struct<style: string, ground_truth: string>
+        extra_info    struct<split: string, index: int64, <extra_info>>
+
+    ``extra_info`` maps the family's own fields, in order, to Arrow type aliases (``"string"``, ``"int64"``). One
+    schema per family (every file of the family the same), so verl can concatenate the files."""
+    import pyarrow as pa
+
+    string = pa.string()
+    fields = {**EXTRA_INFO_COMMON, **extra_info}
+    if len(fields) != len(EXTRA_INFO_COMMON) + len(extra_info):
+        raise ValueError(f"extra_info fields {sorted(extra_info)} repeat the common ones {sorted(EXTRA_INFO_COMMON)}")
+    return pa.schema([
+        ("data_source", string),
+        ("prompt", pa.list_(pa.struct([("role", string), ("content", string)]))),
+        ("ability", string),
+        ("reward_model", pa.struct([("style", string), ("ground_truth", string)])),
+        ("extra_info", pa.struct([(name, pa.type_for_alias(alias)) for name, alias in fields.items()])),
+    ])
 
 
 # A row group is flushed once its rows hold this many bytes of text, whatever their count: LiveCodeBench rows keep

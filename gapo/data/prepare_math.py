@@ -38,39 +38,21 @@ Training then reads e.g. ``data.train_files=data/math/deepscaler.parquet`` and
 
 from __future__ import annotations
 
-import argparse
-
-from gapo.data.cli import prepare_datasets
+from gapo.data.cli import PrepareCLI
 from gapo.data.math_datasets import DATASETS, get_spec, prepare
-from gapo.data.parquet_io import data_root
 
 SUBDIR = "math"  # under the data root ($GAPO_DATA_DIR, default ./data)
+CLI = PrepareCLI("gapo.data.prepare_math", __doc__, tuple(DATASETS), SUBDIR)
 
 
 def main(argv: list[str] | None = None) -> list:
-    p = argparse.ArgumentParser(
-        prog="python -m gapo.data.prepare_math",
-        description=__doc__.splitlines()[0],
-        epilog=f"valid datasets: {', '.join(DATASETS)}, all",
-    )
-    p.add_argument("--dataset", required=True, choices=[*DATASETS, "all"], metavar="NAME",
-                   help=f"one of: {', '.join(DATASETS)}, or all")
-    p.add_argument("--source", default=None,
-                   help="local .jsonl/.json/.parquet file (or another hub id) with the hub dataset's columns; "
-                        "with --dataset all, a directory holding <name>.jsonl|.json|.parquet (default: the hub)")
-    p.add_argument("--out", default=None,
-                   help=f"output directory (default: $GAPO_DATA_DIR/{SUBDIR}, or data/{SUBDIR} without it; "
-                        "where the configs read)")
+    p = CLI.parser()
     p.add_argument("--limit", type=int, default=None, help="write at most N rows per dataset")
     args = p.parse_args(argv)
-    args.out = args.out or str(data_root() / SUBDIR)
     if args.limit is not None and args.limit < 0:
         p.error("--limit must be >= 0")
-
-    names = list(DATASETS) if args.dataset == "all" else [args.dataset]
-    return prepare_datasets(names, args.dataset == "all", args.source, args.out,
-                            lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
-                                                         limit=args.limit))
+    return CLI.run(args, lambda name, source: prepare(get_spec(name), source=source, out_dir=args.out,
+                                                      limit=args.limit))
 
 
 if __name__ == "__main__":
