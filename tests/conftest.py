@@ -31,7 +31,7 @@ def missing_tool(reason: str):
 def started_sandbox(config):
     """A started code sandbox for a module-scoped fixture (yield it, then close it); a missing one fails (see
     `missing_tool`)."""
-    from gapo.rewards.sandbox import Sandbox, SandboxUnavailable
+    from gapo.rewards.sandbox.client import Sandbox, SandboxUnavailable
 
     sandbox = Sandbox(config)
     try:

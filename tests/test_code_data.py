@@ -36,9 +36,9 @@ from gapo.data.code_datasets import (
 from gapo.data.sources import HubUnavailableError
 from gapo.data.prepare_code import main as cli_main
 from gapo.rewards import compute_score
-from gapo.rewards.code import CODE_SOURCES, parse_tests
-from gapo.rewards.code import select_tests as scorer_select_tests
-from gapo.rewards.code_protocol import LCB_SYSTEM_MESSAGE, PROTOCOLS
+from gapo.rewards.code.score import CODE_SOURCES, parse_tests
+from gapo.rewards.code.score import select_tests as scorer_select_tests
+from gapo.rewards.code.protocol import LCB_SYSTEM_MESSAGE, PROTOCOLS
 from tests.conftest import load_with_verl, missing_tool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +77,7 @@ def test_registry_names_are_routed_to_the_code_scorer():
     assert tuple(DATASETS) == NAMES
     for name, spec in DATASETS.items():
         assert spec.data_source == name and get_spec(name) is spec
-        assert name in CODE_SOURCES, f"gapo.rewards.code does not route {name}"
+        assert name in CODE_SOURCES, f"gapo.rewards.code.score does not route {name}"
         assert spec.role == ("train" if name.startswith("deepcoder_") else "test")
         assert fixture(name).is_file(), f"every registered dataset ships a fixture: {name}"
     assert {DATASETS[n].subset for n in NAMES[:4]} == {"taco", "primeintellect", "lcbv5"}
@@ -338,7 +338,7 @@ def test_summary_reports_the_caps(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def box():
-    from gapo.rewards.sandbox import SandboxConfig
+    from gapo.rewards.sandbox.client import SandboxConfig
     from tests.conftest import started_sandbox
 
     sandbox = started_sandbox(SandboxConfig(test_timeout_s=6.0, problem_timeout_s=30.0))  # slack for a loaded machine

@@ -1,4 +1,4 @@
-"""DeepCoder's per-source protocol (gapo/rewards/code_protocol.py): test caps, time limits and prompts per source,
+"""DeepCoder's per-source protocol (gapo/rewards/code/protocol.py): test caps, time limits and prompts per source,
 as the data preparation writes rows and the scorer runs them; HumanEval's hub fallback; HumanEval+/32's verdict.
 Sandboxed tests run real programs (bubblewrap)."""
 
@@ -21,9 +21,9 @@ from gapo.data.code_datasets import (
     prepare,
 )
 from gapo.rewards import compute_score, compute_score_batch
-from gapo.rewards.code import CODE_SOURCES, score_code_batch
-from gapo.rewards.code_protocol import PROTOCOLS, SourceProtocol, resolve_protocols
-from gapo.rewards.sandbox import SandboxConfig
+from gapo.rewards.code.score import CODE_SOURCES, score_code_batch
+from gapo.rewards.code.protocol import PROTOCOLS, SourceProtocol, resolve_protocols
+from gapo.rewards.sandbox.client import SandboxConfig
 from tests.conftest import started_sandbox
 
 ROOT = Path(__file__).resolve().parents[1]

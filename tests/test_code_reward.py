@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gapo.rewards.code import (
+from gapo.rewards.code.score import (
     compute_code_score,
     compute_code_score_batch,
     extract_code,
@@ -18,7 +18,7 @@ from gapo.rewards.code import (
     stdout_matches,
     values_match,
 )
-from gapo.rewards.sandbox import SandboxConfig
+from gapo.rewards.sandbox.client import SandboxConfig
 from tests.conftest import started_sandbox
 
 FIXTURES = Path(__file__).parent / "fixtures" / "code"

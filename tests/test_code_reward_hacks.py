@@ -18,9 +18,9 @@ import re
 
 import pytest
 
-from gapo.rewards import code as C
-from gapo.rewards import code_compare as CC  # the parent-side comparisons
-from gapo.rewards.code import (
+from gapo.rewards.code import score as C
+from gapo.rewards.code import compare as CC  # the parent-side comparisons
+from gapo.rewards.code.score import (
     NUM_TOKEN_MAX,
     check_passes,
     compute_code_score,
@@ -31,7 +31,7 @@ from gapo.rewards.code import (
     stdout_matches,
     values_match,
 )
-from gapo.rewards.sandbox import SandboxConfig
+from gapo.rewards.sandbox.client import SandboxConfig
 from tests.conftest import started_sandbox
 
 

@@ -44,3 +44,20 @@ def test_the_data_families_share_sources_not_each_other():
         if bad:
             offenders[path.name] = sorted(bad)
     assert offenders == {}
+
+
+def test_the_sandbox_and_the_math_worker_import_only_the_standard_library():
+    """The sandbox client runs alone under the system python (an unprivileged uid may not read the venv) and its
+    executor as `python -I -S` (no site-packages); the math worker imports math-verify and nothing of ours."""
+    import sys
+
+    allowed = {"sandbox": set(), "math/_worker.py": {"math_verify", "latex2sympy2_extended", "sympy"}}
+    offenders = {}
+    for path in sorted((ROOT / "gapo" / "rewards" / "sandbox").glob("*.py")) + [ROOT / "gapo/rewards/math/_worker.py"]:
+        extra = allowed["math/_worker.py"] if path.name == "_worker.py" else allowed["sandbox"]
+        bad = {m for m in _imported_modules(path)
+               if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] not in extra}
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = sorted(bad)
+    assert offenders == {}
+

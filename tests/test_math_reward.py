@@ -15,11 +15,11 @@ from gapo.rewards import (
     compute_score,
     compute_score_batch,
     get_scorer,
-    math_answer,
     register_scorer,
-    verify_pool,
 )
-from gapo.rewards.math_answer import (
+from gapo.rewards.math import answer as math_answer
+from gapo.rewards.math import verify_pool
+from gapo.rewards.math.answer import (
     MAX_ANSWER_CHARS,
     MAX_ANSWER_DEPTH,
     answer_region,
@@ -31,8 +31,8 @@ from gapo.rewards.math_answer import (
     score_math,
     score_math_batch,
 )
-from gapo.rewards.math_cases import ADVERSARIAL, CASES
-from gapo.rewards.verify_pool import HOOK_PREFIX, PoolBroken, VerifyPool
+from gapo.rewards.math.cases import ADVERSARIAL, CASES
+from gapo.rewards.math.verify_pool import HOOK_PREFIX, PoolBroken, VerifyPool
 
 # Every adversarial answer must come back within this many seconds of submission: the default hard
 # timeout (6 s from dispatch) plus room for worker start-up and CPU contention on a 2-core machine. A bound, not a
@@ -112,7 +112,7 @@ def test_threads_give_the_same_verdicts_as_one_batch(monkeypatch):
     """verl calls compute_score per item from executor threads; math-verify's alarms would fail there.
     The shared pool is one with room (30 s a check): a case that times out under CI's load on 2 cores (seen:
     ``\\approx 1.414`` once, in the batch only) says nothing about threads."""
-    import gapo.rewards.verify_pool as verify_pool
+    import gapo.rewards.math.verify_pool as verify_pool
 
     with VerifyPool(num_workers=2, soft_timeout_s=30.0, hard_timeout_s=60.0) as roomy:
         monkeypatch.setattr(verify_pool, "_POOL", roomy)

@@ -7,11 +7,11 @@ r"""Math reward against answers a policy could be paid for without being right (
   equation (``2+2=7``);
 - Unicode: fullwidth, math-bold, other-script digits, invisible characters normalised before parsing;
 - the scorer never raises: every failure is a 0 with a ``reason``.
-- second red team (``gapo.rewards.math_latex``): relations with no side, negations, and statements or value-less
+- second red team (``gapo.rewards.math.latex``): relations with no side, negations, and statements or value-less
   operators are never paid as one of their sides (every macro of the table is tried); formatting wrappers,
   nested or around fractions, do not turn a right answer wrong.
 
-The verdicts live in :data:`gapo.rewards.math_cases.HACKS` (shared with ``recipe.bench.math_reward
+The verdicts live in :data:`gapo.rewards.math.cases.HACKS` (shared with ``recipe.bench.math_reward
 --table hacks``); this file adds the option, the helpers and the failure paths.
 """
 
@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from gapo.rewards import RESULT_DEFAULTS, compute_score, compute_score_batch
-from gapo.rewards.math_answer import (
+from gapo.rewards.math.answer import (
     FORMAT_REASONS,
     REASONS,
     extract_answer,
@@ -35,8 +35,8 @@ from gapo.rewards.math_answer import (
     score_math,
     score_math_batch,
 )
-from gapo.rewards.math_cases import CASES, HACKS
-from gapo.rewards.math_latex import (
+from gapo.rewards.math.cases import CASES, HACKS
+from gapo.rewards.math.latex import (
     NEGATIONS,
     RELATIONS,
     UNICODE_OPERATORS,
@@ -45,7 +45,7 @@ from gapo.rewards.math_latex import (
     strip_formatting,
     unicode_operators,
 )
-from gapo.rewards.verify_pool import PoolBroken, VerifyPool
+from gapo.rewards.math.verify_pool import PoolBroken, VerifyPool
 
 KEYS = {"score", "acc", "pred", "format_error", "timeout", "reason"}
 

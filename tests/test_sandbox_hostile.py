@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from gapo.rewards.code import score_code_batch
-from gapo.rewards.sandbox import Sandbox, SandboxConfig, SandboxUnavailable
+from gapo.rewards.code.score import score_code_batch
+from gapo.rewards.sandbox.client import Sandbox, SandboxConfig, SandboxUnavailable
 from tests.conftest import missing_tool, started_sandbox
 
 REPEAT = 20

@@ -23,9 +23,9 @@ import pytest
 
 from tests.conftest import missing_tool
 
-from gapo.rewards import _sandbox_executor as ex
-from gapo.rewards.code import compute_code_score
-from gapo.rewards.sandbox import ISOLATIONS, Sandbox, SandboxConfig, SandboxUnavailable
+from gapo.rewards.sandbox import _executor as ex
+from gapo.rewards.code.score import compute_code_score
+from gapo.rewards.sandbox.client import ISOLATIONS, Sandbox, SandboxConfig, SandboxUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1 << 20
@@ -197,7 +197,7 @@ def test_cgroup_v2_without_the_controllers_falls_back_to_v1(tmp_path):
 
 _FORK_INTO_CGROUP = """
 import os, sys
-from gapo.rewards import _sandbox_executor as ex
+from gapo.rewards.sandbox import _executor as ex
 made = sys.argv[1]
 fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
 try:
@@ -546,7 +546,7 @@ def test_nothing_outlives_the_call_unprivileged():
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     try:
         proc = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "-c",
-                               UNPRIVILEGED, str(ROOT / "gapo" / "rewards" / "sandbox.py"), json.dumps(LEAKY)],
+                               UNPRIVILEGED, str(ROOT / "gapo" / "rewards" / "sandbox" / "client.py"), json.dumps(LEAKY)],
                               check=False, capture_output=True, text=True, timeout=240, cwd="/",
                               env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     except FileNotFoundError:
@@ -562,7 +562,7 @@ def test_nothing_outlives_the_call_unprivileged():
 
 
 def test_the_code_reward_reports_the_isolation_in_use(cg_box):
-    from gapo.rewards.code import compute_code_score
+    from gapo.rewards.code.score import compute_code_score
 
     tests = json.dumps({"inputs": ["1\n", "2\n"], "outputs": ["1\n", "2\n"]})
     right = compute_code_score("taco", "```python\nprint(input())\n```", tests, sandbox=cg_box)

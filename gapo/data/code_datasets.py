@@ -3,14 +3,14 @@ each problem's tests into verl's RL parquet, with the tests bounded in number an
 
 Every dataset becomes rows of verl's RL format (read by ``verl.utils.dataset.rl_dataset.RLHFDataset``)::
 
-    data_source   str   the dataset's name below (``gapo.rewards.code`` registers exactly these names)
+    data_source   str   the dataset's name below (``gapo.rewards.code.score`` registers exactly these names)
     prompt        [{"role": "user", "content": <the source's prompt: LCB's instruction, or the problem as given>}]
     ability       "code"
     reward_model  {"style": "rule", "ground_truth": <the kept tests: JSON in the source's shape; HumanEval: code>}
     extra_info    {"split", "index", "problem_id", "test_kind", "fn_name", "num_tests", "num_tests_source",
                    "tests_dropped_for_size", "entry_point", "prompt"}
 
-``ground_truth`` keeps each source's test format, the one :func:`gapo.rewards.code.parse_tests` reads:
+``ground_truth`` keeps each source's test format, the one :func:`gapo.rewards.code.score.parse_tests` reads:
 
 - TACO: ``{"inputs": [...], "outputs": [...], "fn_name"?}``;
 - PrimeIntellect: ``[{"type": "stdin_stdout" | "function_call", "input", "output", "fn_name"?}, ...]``;
@@ -22,12 +22,12 @@ Every dataset becomes rows of verl's RL format (read by ``verl.utils.dataset.rl_
   object ``{"prompt", "test", "entry_point"}``: the scorer takes any string containing ``def check(``
   for bare test code, so that object would lose its entry point once stored as a JSON string.
 
-Test bounds follow each source's protocol (:data:`gapo.rewards.code_protocol.PROTOCOLS`, DeepCoder's): the
+Test bounds follow each source's protocol (:data:`gapo.rewards.code.protocol.PROTOCOLS`, DeepCoder's): the
 TACO and PrimeIntellect training subsets keep at most the 15 tests with the longest inputs (the ones the scorer
 runs) and at most 1 MiB of ground truth; LiveCodeBench rows (train and evaluation) and HumanEval(+) keep every
 test, uncapped in bytes, because the scorer runs every one of them (a byte cap would change the verdict). Given
 explicitly, ``max_tests`` / ``max_gt_bytes`` apply to every source. A row keeps at most ``max_tests`` tests,
-chosen by input length exactly as the scorer's :func:`gapo.rewards.code.select_tests` chooses them, and at most
+chosen by input length exactly as the scorer's :func:`gapo.rewards.code.score.select_tests` chooses them, and at most
 ``max_gt_bytes`` bytes of ground truth. The byte cap drops whole tests (never truncates one): going down the
 input-length order, a test that would overflow the budget is skipped and the next one is tried. A row with no test left
 (or a HumanEval test program over the budget) is dropped. Everything dropped is counted in the summary.
@@ -54,11 +54,11 @@ from typing import Any, Literal
 
 from gapo.data.parquet_io import data_root, iter_parquet_rows, row_schema, write_rows
 from gapo.data.sources import HubUnavailableError, hub_unavailable, is_local_source, local_file
-from gapo.rewards.code import parse_tests
-from gapo.rewards.code_protocol import PROTOCOLS, SourceProtocol, lcb_prompt
+from gapo.rewards.code.score import parse_tests
+from gapo.rewards.code.protocol import PROTOCOLS, SourceProtocol, lcb_prompt
 
 ABILITY = "code"
-# Caps and prompts default to the source's protocol (gapo/rewards/code_protocol.py); an explicit value applies to all.
+# Caps and prompts default to the source's protocol (gapo/rewards/code/protocol.py); an explicit value applies to all.
 FROM_PROTOCOL = "protocol"
 PROMPT_STYLES = ("deepcoder", "instruction")
 DEFAULT_MAX_TESTS = PROTOCOLS["deepcoder_taco"].max_tests  # 15: DeepCoder's cap of the TACO/PrimeIntellect subsets
@@ -105,7 +105,7 @@ class CodeDatasetSpec:
 
     Attributes:
         data_source: The dataset's one name: CLI ``--dataset`` value, output file stem, and the rows'
-            ``data_source`` (``gapo.rewards.code.CODE_SOURCES`` routes exactly these names).
+            ``data_source`` (``gapo.rewards.code.score.CODE_SOURCES`` routes exactly these names).
         hub_name: Hugging Face hub dataset id (``datasets.load_dataset``).
         split: Hub split to read.
         role: ``extra_info["split"]``: ``train`` for RL training sets, ``test`` for benchmarks.
@@ -424,7 +424,7 @@ def select_tests(tests: _Tests, max_tests: int | None = DEFAULT_MAX_TESTS,
     Going down the input-length order (the scorer's order; ties keep source order), a test is kept if
     fewer than ``max_tests`` are kept and it fits the remaining byte budget; one that does not fit is
     skipped (counted in ``dropped_for_size``) and the next is tried. Without the byte cap, this keeps
-    exactly the tests :func:`gapo.rewards.code.select_tests` would run. ``None``/0 disables a cap. (The
+    exactly the tests :func:`gapo.rewards.code.score.select_tests` would run. ``None``/0 disables a cap. (The
     defaults are the capped training subsets'; :func:`convert_row` passes each source's, see :func:`protocol_caps`.)
     """
     n = len(tests.units)
@@ -488,7 +488,7 @@ def source_prompt(spec: CodeDatasetSpec, problem: str, kind: str, starter_code: 
 
     ``deepcoder`` (default), per the source's protocol as DeepCoder's dataset builder writes it (rllm 18e446c5,
     ``scripts/data/deepcoder_dataset.py``): LiveCodeBench rows, train and evaluation, get LiveCodeBench's
-    instruction (:func:`gapo.rewards.code_protocol.lcb_prompt`, starter code included); TACO and PrimeIntellect
+    instruction (:func:`gapo.rewards.code.protocol.lcb_prompt`, starter code included); TACO and PrimeIntellect
     rows are the problem text as given (no starter code, no instruction: PrimeIntellect's problems carry their
     own); HumanEval(+) keeps :func:`make_prompt`'s. ``instruction``: :func:`make_prompt` for every source.
     """

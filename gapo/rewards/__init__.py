@@ -3,7 +3,7 @@
 Use from verl: ``reward.custom_reward_function.path=pkg://gapo.rewards`` and
 ``reward.custom_reward_function.name=compute_score`` (optional
 ``reward.custom_reward_function.reward_kwargs.require_think=true`` for models whose chat template
-opens ``<think>`` in the prompt; see :mod:`gapo.rewards.math_answer`).
+opens ``<think>`` in the prompt; see :mod:`gapo.rewards.math.answer`).
 
 Which scorer a ``data_source`` gets (case-insensitive):
 
@@ -153,17 +153,18 @@ def compute_score_batch(data_sources: Sequence, solution_strs: Sequence[str], gr
     return results
 
 
-register_scorer(MATH_SOURCES, "gapo.rewards.math_answer:compute_score", keywords=MATH_KEYWORDS,
-                batch="gapo.rewards.math_answer:compute_score_batch")
+register_scorer(MATH_SOURCES, "gapo.rewards.math.answer:compute_score", keywords=MATH_KEYWORDS,
+                batch="gapo.rewards.math.answer:compute_score_batch")
 # the smoke task, and its difficulty buckets' held-out rows in the study (gapo.smoke.task.bucket_source)
 from gapo.smoke.task import DATA_SOURCE as _SMOKE, DIFFICULTY_BUCKETS as _BUCKETS, bucket_source  # noqa: E402 (light)
 
 register_scorer((_SMOKE, *map(bucket_source, _BUCKETS)), "gapo.smoke.task:compute_score")
-# Code: stdin/stdout and function-call tests run in a bubblewrap sandbox (gapo/rewards/sandbox.py); importing
-# gapo.rewards.code starts nothing (the sandbox executor starts on the first scored item).
-from gapo.rewards.code import CODE_SOURCES, RESULT_KEYS as CODE_RESULT_KEYS  # noqa: E402
+# Code: stdin/stdout and function-call tests run in a bubblewrap sandbox (gapo/rewards/sandbox/client.py); importing
+# gapo.rewards.code.score starts nothing (the sandbox executor starts on the first scored item).
+from gapo.rewards.code.score import CODE_SOURCES, RESULT_KEYS as CODE_RESULT_KEYS  # noqa: E402
 
-register_scorer(CODE_SOURCES, "gapo.rewards.code:compute_code_score", batch="gapo.rewards.code:compute_code_score_batch")
+register_scorer(CODE_SOURCES, "gapo.rewards.code.score:compute_code_score",
+                batch="gapo.rewards.code.score:compute_code_score_batch")
 for _key, _default in CODE_RESULT_KEYS.items():
     register_result_key(_key, _default)
 

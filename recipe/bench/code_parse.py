@@ -24,7 +24,7 @@ import sys
 import time
 import tracemalloc
 
-from gapo.rewards import code as C
+from gapo.rewards.code import score as C
 
 SIZES_KB = (1, 10, 100, 1024)
 OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.#-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -147,7 +147,7 @@ def hostile_set() -> list[tuple[str, str, str, object]]:
 
 
 def bench_hostile() -> dict:
-    from gapo.rewards.sandbox import Sandbox, SandboxConfig
+    from gapo.rewards.sandbox.client import Sandbox, SandboxConfig
 
     sandbox = Sandbox(SandboxConfig()).start()
     try:

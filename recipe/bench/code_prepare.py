@@ -5,7 +5,7 @@
 Writes a synthetic DeepCoder-style ``livecodebench`` jsonl (``--huge-rows`` rows whose one stdin test carries
 ``--huge-mb`` MB of input, among ``--small-rows`` ordinary ones), runs ``python -m gapo.data.prepare_code --dataset
 livecodebench --source FILE`` in a child process and prints its peak resident memory (``ru_maxrss`` of the child),
-the rows written and the parquet's row groups. LCB rows keep every test (gapo/rewards/code_protocol.py), so the
+the rows written and the parquet's row groups. LCB rows keep every test (gapo/rewards/code/protocol.py), so the
 prepared rows are as large as their tests; the writer flushes a row group every 64 MiB of text
 (``gapo.data.parquet_io.BATCH_BYTES``), so the peak follows the largest rows, not their count. The real hub rows
 cannot be fetched here (no hub access); the sizes are the ones reported for lcbv5's largest rows.

@@ -1,7 +1,7 @@
 """Benchmark: this project's math reward against verl's built-in math scorers, on one shared case table.
 
 For each scorer, in one run: accuracy against the careful-grader verdicts of
-:data:`gapo.rewards.math_cases.CASES`, items/second called one item at a time from the main thread,
+:data:`gapo.rewards.math.cases.CASES`, items/second called one item at a time from the main thread,
 and the same from a ``ThreadPoolExecutor`` (how verl's reward loop calls ``compute_score``), where
 exceptions are counted as wrong verdicts. ``gapo batch`` is the batch API on the whole table at once.
 
@@ -10,7 +10,7 @@ right for them if any item matches. None of them strips ``<think>``; that is par
 The last row calls math-verify directly in the calling thread, as verl's wrapper did before it moved
 to a process pool: from threads its alarms raise (counted as exceptions).
 
-``--table hacks`` runs the same on :data:`gapo.rewards.math_cases.HACKS` (answers a policy could be
+``--table hacks`` runs the same on :data:`gapo.rewards.math.cases.HACKS` (answers a policy could be
 paid for without being right, next to right answers of the same shapes), kept apart from ``CASES`` so
 that the default table stays comparable across versions.
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from gapo.rewards.math_cases import CASES, HACKS, MathCase
+from gapo.rewards.math.cases import CASES, HACKS, MathCase
 
 TABLES = {"cases": CASES, "hacks": HACKS}
 
@@ -109,7 +109,7 @@ def _row(name, fn, items, threads, rounds, table=CASES) -> dict:
 
 
 def _batch_row(items, rounds, table=CASES) -> dict:
-    from gapo.rewards.math_answer import score_math_batch
+    from gapo.rewards.math.answer import score_math_batch
 
     def run():
         start = time.perf_counter()
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = [_row(name, fn, items, args.threads, args.rounds, table) for name, fn in scorers.items()]
     rows.insert(1, _batch_row(items, args.rounds, table))
 
-    from gapo.rewards.verify_pool import get_pool
+    from gapo.rewards.math.verify_pool import get_pool
 
     print(f"{args.table}: {len(table)} cases x {args.repeats} repeats, best of {args.rounds} rounds, {os.cpu_count()} CPUs, "
           f"gapo workers: {get_pool().num_workers}, threads: {args.threads}")

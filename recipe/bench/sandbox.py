@@ -20,8 +20,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from gapo.rewards.code import compute_code_score
-from gapo.rewards.sandbox import Sandbox, SandboxConfig
+from gapo.rewards.code.score import compute_code_score
+from gapo.rewards.sandbox.client import Sandbox, SandboxConfig
 
 PROGRAM = "import sys\nnums = list(map(int, sys.stdin.read().split()))\nprint(sum(nums[1:]))\n"
 CALL_PROGRAM = "def total(xs):\n    return sum(xs)\n"

@@ -308,7 +308,7 @@ HACKS: list[MathCase] = [
     _h("uni_power_not_concat", "10\u2076", "106", False),
     _raw("uni_invisible_in_command", "So \\boxed\u200b{17}.", "17", True),
     _raw("uni_fullwidth_gold", r"So \boxed{17}.", "\uff11\uff17", True),
-    # --- second red team (gapo.rewards.math_latex): a relation with no side is not its side ---
+    # --- second red team (gapo.rewards.math.latex): a relation with no side is not its side ---
     _h("sideless_geq", r"\geq 7", "7", False, SIDELESS),
     _h("sideless_ge", r"\ge 7", "7", False, SIDELESS),
     _h("sideless_gt", "> 7", "7", False, SIDELESS),

@@ -1,6 +1,6 @@
 r"""LaTeX an answer may hold that math-verify misreads: formatting to strip, operators and relations to screen.
 
-Two jobs, both before math-verify sees the answer (:mod:`gapo.rewards.math_answer` calls them):
+Two jobs, both before math-verify sees the answer (:mod:`gapo.rewards.math.answer` calls them):
 
 - :func:`strip_formatting` removes what changes how an answer looks, not what it says: colour
   (``\textcolor{red}{7}``, ``\color{red}``, ``\colorbox``, ``\fcolorbox``), weight and style (``\bm``,

@@ -1,9 +1,9 @@
 """Code rewards (DeepCoder recipe): run the answer's last Python block on the problem's tests in the sandbox.
 
 Reward 1 only if every selected test passes; the problem stops at its first failure. Which tests run and
-their time limits follow the row's ``data_source`` (DeepCoder's protocol, :mod:`gapo.rewards.code_protocol`:
+their time limits follow the row's ``data_source`` (DeepCoder's protocol, :mod:`gapo.rewards.code.protocol`:
 TACO/PrimeIntellect the 15 longest inputs at 12 s each, LiveCodeBench every test at 6 s each). Programs run
-in :mod:`gapo.rewards.sandbox`; **judging happens here, in the parent**, and the answer's process never holds
+in :mod:`gapo.rewards.sandbox.client`; **judging happens here, in the parent**, and the answer's process never holds
 anything it could use to fake a pass: no expected value, no test code, no token, no judging code. It gets the
 inputs, and sends
 back what it printed (stdin/stdout problems) or what its function returned, as plain data (a tagged JSON
@@ -64,13 +64,13 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gapo.rewards.code_protocol import CODE_SOURCES, _check_value, protocol_for, resolve_protocols
-from gapo.rewards.sandbox import RunResult, Sandbox, SandboxConfig, get_sandbox
+from gapo.rewards.code.protocol import CODE_SOURCES, _check_value, protocol_for, resolve_protocols
+from gapo.rewards.sandbox.client import RunResult, Sandbox, SandboxConfig, get_sandbox
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# data_source names this scorer is meant for: the protocol table's (gapo/rewards/code_protocol.py). The test
+# data_source names this scorer is meant for: the protocol table's (gapo/rewards/code/protocol.py). The test
 # format is read from each row's shape; the name picks the protocol (test cap, time limits).
-# isolation: what contained the programs ("cgroup_v2", "cgroup_v1" or "rlimits"; gapo/rewards/sandbox.py)
+# isolation: what contained the programs ("cgroup_v2", "cgroup_v1" or "rlimits"; gapo/rewards/sandbox/client.py)
 RESULT_KEYS = {"passed": 0, "total": 0, "sandbox_error": False, "reason": "", "isolation": ""}
 PY_LANGS = {"", "python", "py", "python3", "py3"}
 # Output caps (bytes of stdout). Prints of function-call and HumanEval answers go to stderr (only its
@@ -91,7 +91,7 @@ CALL_PRELUDE = (
     "import collections, heapq, bisect, itertools, functools, math, string, re, sys\n"
 )
 
-from gapo.rewards._code_programs import CODEC_SRC, EXTRACTOR, EXTRACTOR_SRC, RUNNER  # noqa: E402,F401
+from gapo.rewards.code._programs import CODEC_SRC, EXTRACTOR, EXTRACTOR_SRC, RUNNER  # noqa: E402,F401
 
 
 
@@ -245,7 +245,7 @@ def select_tests(problem: CodeProblem, max_tests: int | None) -> list[int]:
     return sorted(range(n), key=lambda i: size[i], reverse=True)[:max_tests]
 
 
-from gapo.rewards.code_compare import (  # noqa: E402,F401  (re-exported: the judge's comparisons)
+from gapo.rewards.code.compare import (  # noqa: E402,F401  (re-exported: the judge's comparisons)
     MAX_DEPTH,
     NUM_TOKEN_MAX,
     GotDict,
@@ -477,7 +477,7 @@ def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extr
     extra steps); unfinished problems score 0 with ``timeout``. A malformed ground truth raises
     ``ValueError``; whatever a program does, its item scores 0 with a ``reason``, never an exception.
 
-    Each row is tested under its ``data_sources`` entry's protocol (:mod:`gapo.rewards.code_protocol`: test
+    Each row is tested under its ``data_sources`` entry's protocol (:mod:`gapo.rewards.code.protocol`: test
     cap, per-test and per-problem limits), with ``source_protocol`` (``{source: {key: value}}``) applied over
     the table; without ``data_sources``, DeepCoder's default cap (15) and the sandbox's limits. ``max_tests``
     (0: every test), ``test_timeout_s`` and ``problem_timeout_s``, when given, override every source's."""
@@ -689,7 +689,7 @@ def compute_code_score(data_source, solution_str, ground_truth, extra_info=None,
     """verl's custom-reward signature: one answer; thread-safe (verl's reward loop calls it from threads).
 
     Keyword arguments (``reward_kwargs``): ``source_protocol`` (``{source: {max_tests, test_timeout_s,
-    problem_timeout_s}}`` over :data:`gapo.rewards.code_protocol.PROTOCOLS`); ``max_tests`` (0: every test),
+    problem_timeout_s}}`` over :data:`gapo.rewards.code.protocol.PROTOCOLS`); ``max_tests`` (0: every test),
     ``test_timeout_s``, ``problem_timeout_s`` (each, when set, overrides every source's), ``memory_mb``
     (default: :class:`SandboxConfig`), ``require_think``, ``float_tol``, ``humaneval_replay`` (True), ``sandbox``.
     Returns ``score`` (1.0 / 0.0), ``acc``, ``format_error`` (no code block, or truncated thought),

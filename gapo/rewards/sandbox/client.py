@@ -1,6 +1,6 @@
 """Run untrusted (model-written) Python programs on test inputs, isolated by bubblewrap: the client side.
 
-A :class:`Sandbox` owns one executor process (:mod:`gapo.rewards._sandbox_executor`, a child
+A :class:`Sandbox` owns one executor process (:mod:`gapo.rewards.sandbox._executor`, a child
 subreaper that launches, limits, times and reaps one sandboxed process per test) and talks to it over
 pipes. It only runs programs and returns what they printed; judging happens in the caller, so
 expected outputs never reach the sandbox (nor the executor).
@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EXECUTOR_SCRIPT = Path(__file__).with_name("_sandbox_executor.py")
+EXECUTOR_SCRIPT = Path(__file__).with_name("_executor.py")
 FRAME = struct.Struct("<Q")  # same framing as the executor
 ALLOW_ENV = "GAPO_ALLOW_UNSANDBOXED"
 CGROUP_ENV = "GAPO_SANDBOX_CGROUP"

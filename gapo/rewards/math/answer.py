@@ -29,7 +29,7 @@ reading would pay for an answer that is not one), applied in this order:
    Over a cap: score 0, ``format_error``.
 5. **Equivalence.** ``verify(parse(gold), parse(pred))``, gold first, each wrapped as inline math
    ``$...$`` (measured on the case table: ``\\boxed{}`` wrapping misreads ``25\\%``, bare text misreads
-   ``\\frac12`` and intervals), with these rules on top of math-verify (see ``_math_worker``):
+   ``\\frac12`` and intervals), with these rules on top of math-verify (see ``gapo.rewards.math._worker``):
 
    - *decimals are exact*: a decimal in the prediction means the exact number it writes (``0.5`` is
      1/2, ``1.414214`` is 1414214/10^6), so it is right only if it equals the gold exactly: ``2.5`` for
@@ -46,7 +46,7 @@ reading would pay for an answer that is not one), applied in this order:
    - *an equation must be true*: one whose constant sides differ (``2+2=7``, ``x = 3 = 4``) is wrong
      (``false_equation``); a true one is read by its last side (``2+2=4`` for 4 is right);
    - *a set is not a tuple*: ``\\{1, 2\\}`` for the pair / interval ``(1, 2)`` is wrong.
-   - *a statement is not a value* (:mod:`gapo.rewards.math_latex`, checked before math-verify): a relation
+   - *a statement is not a value* (:mod:`gapo.rewards.math.latex`, checked before math-verify): a relation
      with no side (``\\geq 7``: ``sideless_relation``), a negation with no left side (``\\ne 7``: ``negated``),
      and statements or value-less operators math-verify reads as one of their sides (``7 \\mid 8``,
      ``7 \\parallel 8``, ``7 \\in 8``, ``7 \\cup 8``: ``unknown_operator``) are wrong unless the gold uses the
@@ -79,9 +79,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gapo.rewards import register_result_key
-from gapo.rewards.math_latex import evaluate_modulo, operator_error, strip_formatting, unicode_operators
-from gapo.rewards.math_latex import match_braces as _match_braces
-from gapo.rewards.verify_pool import Verdict, VerifyPool, get_pool
+from gapo.rewards.math.latex import evaluate_modulo, operator_error, strip_formatting, unicode_operators
+from gapo.rewards.math.latex import match_braces as _match_braces
+from gapo.rewards.math.verify_pool import Verdict, VerifyPool, get_pool
 
 logger = logging.getLogger(__name__)
 _errors_logged = 0
@@ -99,7 +99,7 @@ REASONS = FORMAT_REASONS + (
     "unparsed",  # math-verify read nothing in the answer
     "inexact_decimal",  # a decimal that only approximates an exact gold (see numeric_tolerance)
     "unsolved_relation",  # a condition restated instead of solved
-    "sideless_relation",  # a relation with no side: \geq 7 is "at least 7", not 7 (gapo.rewards.math_latex)
+    "sideless_relation",  # a relation with no side: \geq 7 is "at least 7", not 7 (gapo.rewards.math.latex)
     "negated",  # a negation with no left side: \ne 7, \not 7
     "unknown_operator",  # a statement or value-less operator math-verify would read as one side: 7 \mid 8
     "false_equation",  # an equation whose constant sides differ
@@ -295,7 +295,7 @@ def _repeating_to_fraction(m: re.Match) -> str:
 def normalize_answer(answer: str) -> str:
     """Cheap rewrites math-verify does not do itself: no ``$``, Unicode relation signs as macros (``≥`` is
     ``\\geq``), no formatting macros (colour, weight, underline,
-    spacing: :func:`gapo.rewards.math_latex.strip_formatting`), thousands separators, e-notation, repeating
+    spacing: :func:`gapo.rewards.math.latex.strip_formatting`), thousands separators, e-notation, repeating
     decimals, integer residues (``15 \\bmod 8`` is 7), no final period."""
     answer = strip_formatting(unicode_operators(_UNESCAPED_DOLLAR.sub("", answer).strip()))
     if answer.endswith(".") and not answer.endswith(".."):  # "7." is 7; "1, 2, ..." keeps its dots
@@ -448,7 +448,7 @@ def score_math_batch(responses: Sequence[str], ground_truths: Sequence, *, requi
             results.append(_result(False, ext.answer or "", format_error=True, reason=ext.error))
             continue
         refused = operator_error(ext.answer, golds)
-        if refused:  # a statement or a relation's side, never a value: not graded (gapo.rewards.math_latex)
+        if refused:  # a statement or a relation's side, never a value: not graded (gapo.rewards.math.latex)
             results.append(_result(False, ext.answer, reason=refused))
             continue
         results.append(None)

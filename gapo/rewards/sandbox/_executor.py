@@ -1,6 +1,6 @@
 """Sandbox executor: the dedicated process that launches, limits, times and reaps untrusted test runs.
 
-Started by :mod:`gapo.rewards.sandbox` as ``python -I -S _sandbox_executor.py CONFIG_JSON`` (stdlib
+Started by :mod:`gapo.rewards.sandbox.client` as ``python -I -S _executor.py CONFIG_JSON`` (stdlib
 only, never imported by the trainer). It reads requests from stdin and writes results to stdout,
 both as length-prefixed ``marshal`` frames (plain data only; both ends are this project's code).
 

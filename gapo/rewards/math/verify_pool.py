@@ -3,7 +3,7 @@
 Why not ``concurrent.futures.ProcessPoolExecutor``: it cannot kill one stuck worker (an item hung
 inside C code, where no signal reaches it) without breaking the whole executor, and with ``spawn`` /
 ``forkserver`` it re-imports the caller's ``__main__`` (the trainer) in every worker. Here each worker
-is a plain ``subprocess`` running :mod:`gapo.rewards._math_worker` (stdlib + math-verify only).
+is a plain ``subprocess`` running :mod:`gapo.rewards.math._worker` (stdlib + math-verify only).
 
 Two time limits:
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-WORKER_SCRIPT = Path(__file__).with_name("_math_worker.py")
-HOOK_PREFIX = "__gapo_test_hook__:"  # same constant as in _math_worker (which imports nothing of ours)
+WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+HOOK_PREFIX = "__gapo_test_hook__:"  # same constant as in _worker (which imports nothing of ours)
 STARTUP_TIMEOUT_S = 60.0  # a worker not ready by then is killed and counted as a failed start
 MAX_FAILED_STARTS = 3  # consecutive failed starts before the pool gives up and raises
 

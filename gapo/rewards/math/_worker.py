@@ -1,6 +1,6 @@
-r"""Worker process of :mod:`gapo.rewards.verify_pool`: checks ``(gold, pred)`` answers with math-verify.
+r"""Worker process of :mod:`gapo.rewards.math.verify_pool`: checks ``(gold, pred)`` answers with math-verify.
 
-Run as a script by the pool (``python _math_worker.py FD_IN FD_OUT SOFT_TIMEOUT_S MEMORY_MB HOOKS``),
+Run as a script by the pool (``python _worker.py FD_IN FD_OUT SOFT_TIMEOUT_S MEMORY_MB HOOKS``),
 never imported by the trainer. It imports only the standard library and math-verify, so it starts in
 ~0.3 s without torch. Why a separate process at all:
 
@@ -280,7 +280,7 @@ class Checker:
 
     def _parse_math(self, text: str):
         # Inline-math delimiters: measured best wrapping (``\boxed{}`` loses ``25\%``, bare text loses
-        # ``\frac12`` and intervals); see gapo.rewards.math_answer.
+        # ``\frac12`` and intervals); see gapo.rewards.math.answer.
         return self._parse("$" + text + "$", parsing_timeout=None)
 
     def _parsed_gold(self, gold: str):

@@ -2,7 +2,7 @@
 
 One table, :data:`PROTOCOLS`, is the single source of these defaults. Both the data preparation
 (:mod:`gapo.data.code_datasets`: which tests a row keeps, how its prompt is written, which known-broken problems
-are left out) and the scorer (:mod:`gapo.rewards.code`: which tests run and for how long) read it, so a row is
+are left out) and the scorer (:mod:`gapo.rewards.code.score`: which tests run and for how long) read it, so a row is
 prepared and scored under one protocol.
 
 What DeepCoder does (rllm, commit 18e446c5 "Deepcoder Release"):
@@ -25,7 +25,7 @@ What DeepCoder does (rllm, commit 18e446c5 "Deepcoder Release"):
 Our per-problem limit is LiveCodeBench's formula for every source, ``(test_timeout_s + 1) * n + 5``: for
 TACO/PrimeIntellect it is at least DeepCoder's implicit bound (12 s x n, tests in sequence); our tests run
 in parallel, so it is rarely what stops a problem. HumanEval(+): the answer is one program that runs every
-recorded call (:mod:`gapo.rewards.code`), limited to ``test_timeout_s`` x the number of calls, as rllm does.
+recorded call (:mod:`gapo.rewards.code.score`), limited to ``test_timeout_s`` x the number of calls, as rllm does.
 """
 
 from __future__ import annotations
