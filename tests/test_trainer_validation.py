@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_trainer_validation_hook_adds_passk_metrics():
-    from gapo.verl_plugin.trainer import GAPOTrainer, val_passk_metrics
+    from gapo.step_metrics import val_passk_metrics
+    from gapo.verl_plugin.trainer import GAPOTrainer
 
     assert "_val_metrics_update" in GAPOTrainer.__dict__
     infos = {"reward": [1.0, 0.0, 0.0, 1.0], "acc": [True, False, None, None]}
@@ -27,7 +28,8 @@ def test_training_validation_uses_the_configured_coverage_threshold(monkeypatch)
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from gapo.verl_plugin.trainer import GAPOTrainer, val_passk_metrics
+    from gapo.step_metrics import val_passk_metrics
+    from gapo.verl_plugin.trainer import GAPOTrainer
 
     infos = {"reward": [1.0] + [0.0] * 15 + [1.0] * 2 + [0.0] * 14, "acc": None}
     sources, uids = ["s"] * 32, ["u"] * 16 + ["v"] * 16
