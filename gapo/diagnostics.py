@@ -94,6 +94,7 @@ class CorrelationWindow:
         self.steps: deque[list[Point]] = deque(maxlen=size)
 
     def add(self, points: Iterable[Point]) -> dict[str, float]:
+        """Record one step's (x, y) points; returns the pooled count and, where defined, the window's Pearson r."""
         self.steps.append([(float(x), float(y)) for x, y in points])
         pooled = [point for step in self.steps for point in step]
         out = {IS_ADV_CORR_WINDOW_POINTS: float(len(pooled))}

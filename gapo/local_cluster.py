@@ -35,6 +35,7 @@ START_TIMEOUT_S = 120  # a node's start on 2 loaded cores (measured ~10 s idle)
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it; another process may take it before it is used)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -49,6 +50,16 @@ class LocalRayCluster:
 
     def __init__(self, nodes: int, gpus_per_node: int, env: dict, root: Path, cpus_per_node: int = 16,
                  ray: str | None = None):
+        """Set up the cluster's ports, auth token and temp dir; the nodes start in `start()` (or on entering `with`).
+
+        Args:
+            nodes: Ray nodes, the first one the head.
+            gpus_per_node: logical GPUs per node (``ray start --num-gpus``; the CPU platform's devices).
+            env: every node's environment; its ``RAY_ADDRESS*`` and ``RAY_AUTH_*`` are replaced by this cluster's.
+            root: folder for the nodes' logs (``node{i}.log``).
+            cpus_per_node: logical CPUs per node (``--num-cpus``), enough for verl's many actors whatever the machine.
+            ray: the ``ray`` executable (default: the one beside this Python).
+        """
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError(f"a local cluster needs nodes >= 1 and gpus_per_node >= 1, got {nodes} x {gpus_per_node}")
         self.nodes, self.gpus_per_node, self.cpus_per_node = nodes, gpus_per_node, cpus_per_node
@@ -76,10 +87,12 @@ class LocalRayCluster:
 
     @property
     def address(self) -> str:
+        """The head's GCS address ``ip:port``, which the other nodes join (``ray start --address``)."""
         return f"{self.ip}:{self.gcs_port}"
 
     @property
     def dashboard_url(self) -> str:
+        """The dashboard and job server's URL: RAY_ADDRESS for ``ray job submit`` (with ``auth`` in the environment)."""
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def _command(self, index: int) -> list[str]:

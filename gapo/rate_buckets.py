@@ -31,6 +31,7 @@ def k_bins(max_count: int) -> int:
 
 
 def num_buckets(max_count: int) -> int:
+    """Number of (k, rate) buckets for group sizes 1..max_count: k_bins(max_count) * RATE_BINS (ids 1..that)."""
     return k_bins(max_count) * RATE_BINS
 
 

@@ -46,6 +46,7 @@ class ValidationWindow:
         self.history: deque[dict[str, float]] = deque(maxlen=size)
 
     def add(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Add one validation's ``val-passk/...`` pass@k and coverage; returns the window's mean, std and size."""
         kept = {k: float(v) for k, v in metrics.items()
                 if k.startswith("val-passk/") and ("/pass@" in k or "/coverage@" in k)}
         self.history.append(kept)

@@ -49,15 +49,20 @@ class SupervisedRunError(RuntimeError):
 
 
 class RunTimedOut(SupervisedRunError):
+    """The run was still going at ``timeout_s`` and was killed."""
     pass
 
 
 class RolloutServerFailed(SupervisedRunError):
+    """A rollout server logged a fatal error (FATAL_PATTERNS); the run, not gone within ``grace_s``, was killed."""
     pass
 
 
 @dataclass
 class RunResult:
+    """A run that exited by itself: its exit code, wall time, the peak PSS of its process tree in bytes, and the
+    shared-memory segments it leaked that were removed after it."""
+
     returncode: int
     wall_s: float
     peak_pss_bytes: int
@@ -225,6 +230,7 @@ class SupervisedRun:
 
     # ---------------------------------------------------------------------------------------- waiting
     def log_text(self) -> str:
+        """The run's log so far ('' when it has none yet)."""
         return self.log_file.read_text(errors="replace") if self.log_file and self.log_file.exists() else ""
 
     def wait(self, poll_s: float = 0.5) -> RunResult:

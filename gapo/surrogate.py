@@ -85,7 +85,24 @@ def sequence_clipped_surrogate(
     eps_low: float,
     eps_high: FloatOrTensor,
 ) -> SurrogateTerms:
-    """GSPO's sequence-ratio clipped surrogate with one upper clip per rollout. See the module docstring."""
+    """GSPO's sequence-ratio clipped surrogate with one upper clip per rollout (formula: the module docstring).
+
+    s_i = exp(mean over real tokens of log(pi / pi_old)), clamped at exp(10) as verl's `gspo` does; every token of
+    rollout i carries s_i as its value and the gradient of log pi_t (GSPO-token), so `agg_loss` over tokens gives
+    the sequence ratio's gradient.
+
+    Args:
+        log_prob: (B, T) log pi of the response tokens under the current policy (carries the gradient).
+        old_log_prob: (B, T) log pi_old of the same tokens, the policy before this update (no gradient).
+        advantages: (B, T) A_i,t; constant along a rollout for outcome rewards.
+        response_mask: (B, T) 1 on real response tokens, 0 on padding.
+        eps_low: lower clip, 1 - eps_low for every rollout.
+        eps_high: upper clip, a float or a (B,) tensor (one per rollout, `gapo.threshold.rollout_eps_high`).
+
+    Returns:
+        `SurrogateTerms`: the (B, T) float32 loss before aggregation and the per-rollout (B,) sums for the metrics
+        (no dual clip at sequence level: `dual_clipped_tokens` is 0).
+    """
     log_prob, old_log_prob, advantages = _float32(log_prob, old_log_prob, advantages)
     log_ratio = log_prob - old_log_prob
     mask = response_mask.to(torch.float32)
@@ -119,7 +136,25 @@ def token_clipped_surrogate(
     eps_high: FloatOrTensor,
     clip_ratio_c: float = 3.0,
 ) -> SurrogateTerms:
-    """PPO's token-ratio clipped surrogate with one upper clip per rollout and dual clip for A < 0."""
+    """PPO's token-ratio clipped surrogate with one upper clip per rollout and dual clip for A < 0.
+
+    r_t = exp(clamp(log pi_t - log pi_old,t, -20, 20)) (verl's `vanilla` clamp);
+    loss_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high_i)), and for A_t < 0 at most -A_t * clip_ratio_c
+    (the dual clip of Ye et al. 2019 bounds what a token whose ratio exploded can contribute). The paper uses this
+    form for its code runs (DeepCoder's 0.2 / 0.28).
+
+    Args:
+        log_prob, old_log_prob, advantages, response_mask: (B, T), as in `sequence_clipped_surrogate`.
+        eps_low: lower clip, 1 - eps_low for every token.
+        eps_high: upper clip, a float or a (B,) tensor broadcast over each rollout's tokens.
+        clip_ratio_c: the dual clip's c (> 1; verl's `clip_ratio_c`, default 3).
+
+    Returns:
+        `SurrogateTerms`: the (B, T) float32 loss before aggregation and the per-rollout (B,) sums for the metrics.
+
+    Raises:
+        ValueError: clip_ratio_c <= 1.
+    """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
     log_prob, old_log_prob, advantages = _float32(log_prob, old_log_prob, advantages)

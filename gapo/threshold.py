@@ -145,6 +145,7 @@ def threshold_table(group_size: int, eps_low: float, eps_high_max: float, schedu
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI entry (``python -m gapo.threshold``): print the table of eps_high(c) for c = 1..k, one row per c."""
     parser = argparse.ArgumentParser(
         prog="python -m gapo.threshold", description="Print GAPO's upper clip per group success count c."
     )

@@ -361,6 +361,7 @@ class VigorAllocator:
     """
 
     def __init__(self, cfg: VigorConfig, n: int):
+        """Validate ``cfg`` against rollout.n = ``n`` and seed the tie-break generator with ``cfg.seed``."""
         cfg.validate(n)
         self.cfg, self.n = cfg, n
         self.rng = np.random.default_rng(cfg.seed)
@@ -368,12 +369,15 @@ class VigorAllocator:
     def plan_round(
         self, rewards_so_far: Sequence[Sequence[float]], active: Sequence[int], round_index: int, budget_left: int
     ) -> RoundPlan:
+        """`plan_round` with this allocator's config and random state (advances it)."""
         return plan_round(rewards_so_far, active, round_index, budget_left, self.cfg, self.rng)
 
     def allocate(self, sample_fn: SampleFn, num_prompts: int) -> Allocation:
+        """`allocate` (the whole schedule on one batch) with this allocator's n, config and random state."""
         return allocate(sample_fn, num_prompts, self.n, self.cfg, self.rng)
 
     def state_dict(self) -> dict:
+        """The tie-break generator's state (JSON-serialisable), with the config and n for reference."""
         return {"rng": self.rng.bit_generator.state, "config": asdict(self.cfg), "n": self.n}
 
     def load_state_dict(self, state: Mapping) -> None:

@@ -34,9 +34,22 @@ def _server_name(replica_rank: int, name_suffix: str = "") -> str:
 
 
 class HFRolloutServer:
-    """Token-in/token-out generation server around an HF causal LM (runs as an async Ray actor)."""
+    """Token-in/token-out generation server around an HF causal LM (runs as an async Ray actor).
+
+    Besides ``generate`` and ``update_weights`` it answers the control calls verl makes on every rollout server:
+    ``wake_up``, ``sleep``, ``clear_kv_cache``, ``release_kv_cache``, ``resume_kv_cache``, ``resume_generation``,
+    ``start_profile`` and ``stop_profile`` do nothing (the weights stay in host memory, no KV cache outlives a
+    request), and ``abort_all_requests`` aborts none (requests run one at a time and always finish).
+    """
 
     def __init__(self, config: RolloutConfig, model_config: HFModelConfig, replica_rank: int = 0):
+        """Load the model in float32 with eager attention and seed sampling with ``rollout.seed + replica_rank``.
+
+        Args:
+            config: verl's rollout config (``prompt_length``, ``response_length`` bound a response; ``seed``).
+            model_config: verl's model config (path, tokenizer, generation config: only its EOS ids are kept).
+            replica_rank: this server's replica, added to the seed so that replicas sample differently.
+        """
         self.config = omega_conf_to_dataclass(config)
         if not isinstance(model_config, HFModelConfig):
             model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
@@ -117,6 +130,7 @@ class HFRolloutServer:
                 self.global_steps = global_steps
 
     async def set_global_steps(self, global_steps: int):
+        """Record the trainer's step; every later response carries it in ``extra_fields["global_steps"]``."""
         self.global_steps = global_steps
 
     # Control calls verl makes on every server. Nothing to free or pause on a CPU: the weights stay in host
@@ -153,6 +167,7 @@ class HFReplica(RolloutReplica):
     """One ``HFRolloutServer`` per replica. Single node only; tensor/pipeline parallel size must be 1."""
 
     async def launch_servers(self):
+        """Start this replica's ``HFRolloutServer`` as a named Ray actor and wait until its model is loaded."""
         assert self.world_size == 1, "the hf rollout runs one process per replica (tp = dp = pp = 1)"
         name = _server_name(self.replica_rank, self.name_suffix)
         server = (
@@ -170,12 +185,17 @@ class HFServerAdapter(BaseRollout):
     """Worker-side rollout: pushes the trainer's weights to this worker's replica server."""
 
     def __init__(self, config: RolloutConfig, model_config: HFModelConfig, device_mesh, replica_rank: int = -1):
+        """verl's ``BaseRollout`` arguments; the replica is the worker's dp rank (``replica_rank`` if no mesh)."""
         super().__init__(config, model_config, device_mesh)
         # Hybrid mode: one replica per data-parallel rank (world size per replica is 1).
         self.replica_rank = device_mesh["dp"].get_local_rank() if device_mesh is not None else replica_rank
         self._server = None
 
     async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs):
+        """Gather the actor's weights (full named tensors, on the CPU) and load them into this worker's replica server.
+
+        Every rank must call it: the weight generator all-gathers FSDP shards. LoRA and other wire formats are refused.
+        """
         assert wire_format == "named_tensors", f"the hf rollout takes full named tensors, got {wire_format!r}"
         assert kwargs.get("peft_config") is None, "LoRA adapters are not supported by the hf rollout"
         # The generator all-gathers FSDP shards (a collective), so every rank must drain it.
@@ -185,7 +205,9 @@ class HFServerAdapter(BaseRollout):
         await self._server.update_weights.remote(state_dict, global_steps)
 
     async def resume(self, tags: list[str]):
+        """No-op: the server's weights stay in host memory, there is nothing to bring back."""
         pass
 
     async def release(self):
+        """No-op: there is no device memory to free between rollouts."""
         pass

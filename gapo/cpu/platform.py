@@ -26,7 +26,14 @@ def cpu_platform_requested() -> bool:
 
 
 class CPUDeviceModule:
-    """torch.cuda-like namespace for the CPU: what torch.cpu lacks is answered here, the rest delegated."""
+    """torch.cuda-like namespace for the CPU: what torch.cpu lacks is answered here, the rest delegated.
+
+    Answers: the allocator statistics (``memory_allocated``, ``memory_reserved``, ``max_memory_*``) are 0 and their
+    resets (``reset_peak_memory_stats``, ``empty_cache``, ...) and ``set_per_process_memory_fraction`` do nothing,
+    as there is no device memory apart from host memory; ``mem_get_info`` reports host memory;
+    ``get_device_name`` is "cpu"; the RNG calls (``get_rng_state``, ``set_rng_state``, ``manual_seed``,
+    ``manual_seed_all``) act on the CPU generator. Any other attribute is ``torch.cpu``'s.
+    """
 
     # No device memory separate from host memory: the allocator statistics are all zero.
     @staticmethod
@@ -77,7 +84,16 @@ class CPUDeviceModule:
 
 @PlatformRegistry.register(platform=PLATFORM_NAME)
 class PlatformCPU(PlatformBase):
-    """verl platform whose device is the host CPU; collectives over gloo."""
+    """verl platform whose device is the host CPU; collectives over gloo.
+
+    Each method answers verl's ``PlatformBase`` interface with the CPU's value: the device is "cpu" (name, vendor,
+    ``current_device``; one device; no capability), ``device_module`` is a ``CPUDeviceModule``; the platform is
+    always available but never auto-detected (``is_platform_available`` is False: only ``VERL_PLATFORM=cpu``
+    selects it); seeding seeds the CPU generator; device selection, synchronisation, allocator settings, cache
+    release, NVTX ranges and the profiler do nothing; no CUDA IPC and no cudart. Ray places workers on logical
+    "GPU" resources under ``CUDA_VISIBLE_DEVICES`` (no ``ray_noset_envvars``), so verl's resource pools need no
+    change.
+    """
 
     _device_module = CPUDeviceModule()
 

@@ -40,6 +40,7 @@ class PrepareCLI:
     source_default: str = "the hub"
 
     def parser(self) -> argparse.ArgumentParser:
+        """The ``--dataset``, ``--source`` and ``--out`` options every family has; the family adds its own after."""
         names = ", ".join(self.datasets)
         p = argparse.ArgumentParser(prog=f"python -m {self.module}", description=self.doc.splitlines()[0],
                                     epilog=f"valid datasets: {names}, all")

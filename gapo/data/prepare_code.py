@@ -84,6 +84,7 @@ def _cap(value: int | None):
 
 
 def main(argv: list[str] | None = None) -> list:
+    """CLI entry: prepare the code datasets named by ``argv``; returns one ``PrepareSummary`` per dataset."""
     p = CLI.parser()
     p.add_argument("--limit", type=_non_negative, default=None, help="write at most N rows per dataset")
     p.add_argument("--max-tests", type=_non_negative, default=None,

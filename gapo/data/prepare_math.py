@@ -46,6 +46,7 @@ CLI = PrepareCLI("gapo.data.prepare_math", __doc__, tuple(DATASETS), SUBDIR)
 
 
 def main(argv: list[str] | None = None) -> list:
+    """CLI entry: prepare the math datasets named by ``argv``; returns one summary per dataset."""
     p = CLI.parser()
     p.add_argument("--limit", type=int, default=None, help="write at most N rows per dataset")
     args = p.parse_args(argv)

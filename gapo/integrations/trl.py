@@ -201,6 +201,11 @@ class GAPOGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, model, reward_funcs=None, args: GAPOTRLConfig | None = None, *rest, **kwargs):
+        """Build TRL's trainer from the same arguments (``model``, ``reward_funcs``, ``args`` and the rest).
+
+        Raises:
+            TypeError: ``args`` is not a ``GAPOTRLConfig``.
+        """
         if args is None:
             args = GAPOTRLConfig()
         if not isinstance(args, GAPOTRLConfig):

@@ -161,6 +161,7 @@ def expected_success_rate(ground_truth: str, max_new_tokens: int | None = None) 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI entry: write the task's ``train.parquet`` and ``val.parquet`` under ``--out`` and print their paths."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--n-train", type=int, default=512)

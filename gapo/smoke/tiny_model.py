@@ -189,6 +189,7 @@ def build_tiny_model(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """CLI entry: build (or reuse) the tiny model under ``--out`` and print its folder."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)

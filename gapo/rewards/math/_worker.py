@@ -264,6 +264,12 @@ class Checker:
     """math-verify with its own alarms off: one alarm here bounds parse + verify of one item."""
 
     def __init__(self, soft_timeout_s: float, hooks: bool):
+        """Import math-verify, install the alarm handler, warm up the parser and sympy (before reporting ready).
+
+        Args:
+            soft_timeout_s: the alarm's budget for parse + verify of one item.
+            hooks: honour test hooks (a gold starting with ``HOOK_PREFIX``).
+        """
         # math-verify warns once when its alarms are off, and on every parse failure at debug level:
         # the alarm below replaces its timeouts, and failures are reported through the status.
         logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -334,6 +340,11 @@ class Checker:
         return False, "inexact_decimal" if self._equal(parsed_gold, parsed_pred) else "wrong"
 
     def check(self, gold: str, pred: str, options=None) -> tuple[str, bool, str]:
+        """One request's answer: ``(status, equal, detail)`` as the module docstring's protocol says.
+
+        ``status`` is ``ok``, ``timeout`` (the alarm fired) or ``error`` (gold unparseable, memory limit, parser bug);
+        never raises, so one odd input cannot end the worker.
+        """
         if self.hooks and gold.startswith(HOOK_PREFIX):
             return self._hook(gold[len(HOOK_PREFIX):])
         tolerant = bool(options and options.get("numeric_tolerance"))
@@ -360,6 +371,7 @@ class Checker:
 
 
 def main(argv: list[str]) -> int:
+    """Serve requests from the pipes in ``argv`` (see the module docstring) until ``None`` or end of file; returns 0."""
     fd_in, fd_out, soft_timeout_s, memory_mb, hooks = argv[1:6]
     conn_in = Connection(int(fd_in), writable=False)
     conn_out = Connection(int(fd_out), readable=False)

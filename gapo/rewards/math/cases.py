@@ -23,6 +23,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class MathCase:
+    """One grading case: a response, its gold answer and the verdict a careful grader gives (module docstring)."""
+
     name: str
     response: str
     gold: Any  # str, int or list of acceptable answers, as datasets store it

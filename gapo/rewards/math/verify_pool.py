@@ -51,6 +51,7 @@ class Verdict:
 
     @property
     def timed_out(self) -> bool:
+        """True when the check ran out of time (the soft alarm or the hard kill)."""
         return self.status == "timeout"
 
 
@@ -153,6 +154,7 @@ class VerifyPool:
         return future
 
     def verify(self, gold: str, pred: str, options: dict | None = None) -> Verdict:
+        """Check one ``(gold, pred)`` pair and wait for its :class:`Verdict` (``options`` as in :meth:`submit`)."""
         return self.result(self.submit(gold, pred, options))
 
     def verify_many(self, pairs) -> list[Verdict]:
@@ -170,6 +172,7 @@ class VerifyPool:
                     raise RuntimeError("VerifyPool manager thread ended; check not done") from None
 
     def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (tests check with them that a stuck worker was replaced)."""
         return [w.proc.pid for w in list(self._workers)]
 
     def close(self, timeout: float = 10.0) -> None:
