@@ -114,6 +114,11 @@ class GAPOActorLoss:
         self.max_count = int(max_count if max_count is not None else actor_config.rollout_n)
 
     def __call__(self, model_output, data, dp_group=None):
+        """One micro-batch's loss: verl's `ppo_loss` with the batch's (B,) `gapo_*` fields in `group_stats_context`.
+
+        Returns verl's (loss, metrics) with the GAPO loss's per-c sums added as SUM-aggregated `Metric`s. Raises
+        RuntimeError when the micro-batch lacks the `gapo_*` fields (the trainer that writes them is not GAPOTrainer).
+        """
         missing = [key for key in STAT_KEYS if key not in data.keys()]
         if missing:
             raise RuntimeError(
@@ -146,6 +151,7 @@ def write_loss_rows(folder: str, stats: GroupStats, step: Optional[torch.Tensor]
 
 
 def _gapo_settings(config, mode: str) -> GAPOConfig:
+    """The actor's policy-loss config, a `GAPOConfig`; TypeError naming the `_target_` to set if it is verl's."""
     policy_loss = config.policy_loss
     if not isinstance(policy_loss, GAPOConfig):
         raise TypeError(
@@ -156,6 +162,29 @@ def _gapo_settings(config, mode: str) -> GAPOConfig:
 
 
 def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
+    """Body of both registered GAPO losses (`mode` "gapo": sequence level; "gapo_token": token level, dual clip).
+
+    Per rollout i (module docstring): eps_high_i = eps_high(c_i, k_i) when it is a success with a positive
+    advantage, else eps_low (`gapo.threshold.rollout_eps_high`, from the `group_stats_context` of the call); then
+    the clipped surrogate of `gapo.surrogate`, times verl's rollout IS weights when given, aggregated by verl's
+    `agg_loss`. eps_low is actor.clip_ratio_low, eps_high_max policy_loss.eps_high_max (`resolve_gapo_clips`).
+
+    Args:
+        mode: "gapo" or "gapo_token" (names the loss in errors).
+        old_log_prob, log_prob, advantages, response_mask: (B, T), verl's policy-loss tensors.
+        loss_agg_mode: verl's aggregation ("seq-mean-token-mean", "token-mean", ...).
+        config: verl's actor config; its `policy_loss` must be a `GAPOConfig` (`GAPOPolicyLossConfig`).
+        rollout_is_weights: (B, T) verl's rollout importance-sampling weights, or None.
+
+    Returns:
+        (scalar loss, metrics): `actor/pg_clipfrac` (clipped / real tokens), `actor/ppo_kl` (mean over real tokens of
+        log(pi_old / pi)), `actor/pg_clipfrac_lower` (dual-clipped / real tokens). With `diagnostics` on, the per-c
+        and (k, rate) sums also go into the context's `GroupStats.sums` (all metrics leave the device in one copy).
+
+    Raises:
+        RuntimeError: no group statistics in context (not called through `GAPOActorLoss`), or a count that does not
+            match the micro-batch.
+    """
     stats = _GROUP_STATS.get()
     if stats is None:
         raise RuntimeError(MISSING_STATS_HELP.format(mode=mode))

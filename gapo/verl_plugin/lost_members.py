@@ -87,6 +87,8 @@ def lost_members(error: BaseException, wait_s: float = DEFAULT_WAIT_S, query=_qu
 
 
 def explain(error: BaseException | None, found: list[str]) -> ClusterMemberLost:
+    """The `ClusterMemberLost` to raise: the dead members `found`, the fix (restore the cluster's GPUs, rerun to
+    resume) and the last line of the first `error`, if any."""
     first = ""
     if error is not None:
         text = str(error).strip()
@@ -107,6 +109,13 @@ class NodeWatchdog(threading.Thread):
     :func:`explain`'s message and exits the process with status 1 (Ray then stops the job's actors)."""
 
     def __init__(self, every_s: float = 5.0, exit=os._exit, nodes=None):
+        """A daemon thread; `start()` it any time (until Ray is initialised its polls see no node).
+
+        Args:
+            every_s: seconds between polls of `ray.nodes()`.
+            exit: what ends the process on a lost node (`os._exit`, no clean-up that could hang; tests pass a recorder).
+            nodes: a `ray.nodes()` stand-in for tests (None: Ray's, empty until Ray is initialised).
+        """
         super().__init__(name="gapo-node-watchdog", daemon=True)
         self.every_s, self._exit, self._nodes = every_s, exit, nodes
 
@@ -128,6 +137,7 @@ class NodeWatchdog(threading.Thread):
         return lost
 
     def run(self) -> None:
+        """Poll every `every_s` until a node seen alive is dead; then print the explanation and exit with status 1."""
         seen: set[str] = set()
         while True:
             lost = self.check(seen)

@@ -51,6 +51,7 @@ class PreflightError(RuntimeError):
     """A run that cannot start: each line names the config key and the fix."""
 
     def __init__(self, problems: Sequence[str] | str):
+        """`problems`: one problem or a list of them, kept as `self.problems`; the message lists each on a line."""
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(f"- {p}" for p in self.problems))
 

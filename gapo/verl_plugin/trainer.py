@@ -80,6 +80,12 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
     _vigor = None
 
     def __init__(self, config):
+        """Validate the GAPO config (`validate_gapo_config`, before any worker starts), then build verl's trainer.
+
+        Keeps the GAPO settings (`actor_rollout_ref.actor.policy_loss`) and the window of `gapo/is_adv_corr_window`.
+        Raises RuntimeError when verl's `PPOTrainer.__init__` did not end in sync mode (a verl change this trainer
+        relies on).
+        """
         validate_gapo_config(config)
         # The config is left as the user wrote it (trainer.v1.trainer_mode=gapo: what verl logs and what a second
         # trainer built from it validates); verl's sync semantics come from `_build_replay_buffer` below.
@@ -128,6 +134,7 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         return {}
 
     def _load_checkpoint(self):
+        """verl's resume, then (VIGOR) the allocator's random state from the resumed step's folder, when it has one."""
         super()._load_checkpoint()
         if self._vigor is None or self.global_steps == 0:
             return
@@ -166,6 +173,15 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         self.actor_rollout_wg.set_loss_fn(self._loss_fn)
 
     def _compute_advantage(self, batch, metrics):
+        """verl's advantage step, with GAPO's group statistics written into the batch first.
+
+        Writes each rollout's c, k and success flag (`gapo.groups.rollout_group_statistics`, grouped as verl's GRPO
+        groups) as `gapo_num_correct`, `gapo_group_size`, `gapo_success` (and `gapo_step` for the debugging dump) into
+        the TransferQueue batch, grows the loss's per-c table if a group is larger than it, runs verl's advantage
+        estimator, zeroes truncated responses' advantages under `mask_truncated` (overlong filtering), and adds the
+        `gapo/groups/*`, `gapo/eps_high/*` and reward metrics to `metrics`. Returns the batch handle that knows the
+        new fields.
+        """
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"]
         )
@@ -239,6 +255,11 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         return out
 
     def _update_actor(self, batch, metrics):
+        """verl's actor update, then the loss's raw per-c sums in `metrics` turned into the paper's diagnostics.
+
+        When the diagnostics hold per-c points (a GAPO loss with `diagnostics` on), the step joins the window of
+        `gapo/is_adv_corr_window`.
+        """
         batch = super()._update_actor(batch, metrics)
         diagnostics = diagnostics_from_sums(metrics)
         metrics.update(diagnostics)
@@ -248,6 +269,8 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                             expected_acc_counts=None):
+        """verl's validation metrics plus the evaluator's: `val-passk/<source>/...` pass@k and coverage from the
+        val_kwargs.n samples per prompt, and their `val-passk-window/...` mean and std over the latest validations."""
         metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
                                               expected_acc_counts=expected_acc_counts)
         threshold, window = validation_settings(self.config)

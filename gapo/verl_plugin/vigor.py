@@ -143,6 +143,7 @@ def max_group_size(num_prompts: int, n: int, cfg: VigorConfig) -> int:
 
 
 def round_uid(uid: str, round_index: int) -> str:
+    """The TransferQueue prompt uid of round t's extra rollouts, `{uid}.r{t}` (inverse: `base_uid`)."""
     return f"{uid}{ROUND_UID_SEP}{round_index}"
 
 
@@ -215,6 +216,13 @@ class VigorSampler:
     Everything else (validation's sampling, attributes) is the wrapped buffer's."""
 
     def __init__(self, inner, allocator: VigorAllocator, submit: Callable):
+        """Wrap verl's buffer; nothing is pending until `first_round`.
+
+        Args:
+            inner: verl's sync replay buffer (every attribute not defined here is its).
+            allocator: VIGOR's schedule and its random state.
+            submit: sends prompts to generation (`GAPOTrainer._submit_batch_to_rollout`).
+        """
         self.inner = inner
         self.allocator = allocator
         self.submit = submit  # GAPOTrainer._submit_batch_to_rollout: registers the prompts in TQ and generates
@@ -232,6 +240,16 @@ class VigorSampler:
         return prompts
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        """verl's `sample`; for the training partition after `first_round`, VIGOR's rounds, returned as one batch.
+
+        Round 0's m0 * P rollouts come from the wrapped buffer; each later round ranks the active prompts by reward
+        variance (`VigorAllocator.plan_round`), submits the kept ones' extra rollouts under `{uid}.r{t}` and samples
+        them. Returns (`KVBatchMeta` of every round's rollouts ordered by prompt, see `_merge`; the buffer's aux dict
+        plus `vigor/*` metrics). Validation, and training without a pending batch, are the wrapped buffer's.
+
+        Raises:
+            RuntimeError: verl asks for a batch size other than the prompts submitted in round 0.
+        """
         if partition_id != TRAIN_PARTITION or self.pending is None:
             return self.inner.sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         prompts, self.pending = self.pending, None
