@@ -47,6 +47,7 @@ class ResolvedModel:
 
 
 def is_hf_dir(path: Path) -> bool:
+    """Whether ``path`` is a Hugging Face model folder: ``config.json`` and weights (safetensors, bin, or an index)."""
     if not (path / "config.json").is_file():
         return False
     patterns = ("*.safetensors", "*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -86,6 +87,7 @@ def cache_key(actor: Path) -> str:
 
 
 def check_mergeable(actor: Path) -> None:
+    """Raise ``ValueError`` naming what is missing unless ``actor`` is an FSDP checkpoint with its HF config."""
     if not (actor / "fsdp_config.json").is_file():
         raise ValueError(f"{actor} has no fsdp_config.json: only FSDP checkpoints are converted here "
                          "(Megatron: run `python -m verl.model_merger merge --backend megatron` yourself)")

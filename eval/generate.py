@@ -33,12 +33,16 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class Request:
+    """One prompt to sample: its token ids and one seed per sample (``len(seeds)`` samples)."""
+
     prompt_ids: list[int]
     seeds: list[int]  # one per sample; len(seeds) = number of samples
 
 
 @dataclass
 class Completion:
+    """One sample: the decoded text, the response length in tokens, and why it ended."""
+
     text: str
     tokens: int
     finish_reason: str  # "stop" (end of sequence) or "length" (hit max new tokens)
@@ -46,6 +50,8 @@ class Completion:
 
 @dataclass
 class SamplingConfig:
+    """Sampling settings shared by every request (DeepScaleR's evaluation: temperature 0.6, top_p 0.95)."""
+
     temperature: float = 0.6
     top_p: float = 0.95
     max_new_tokens: int = 32768
@@ -66,6 +72,7 @@ def render_prompt(tokenizer, prompt) -> str:
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of a rendered prompt, without special tokens: the chat template already wrote any BOS."""
     # The chat template already wrote any BOS token: add none.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -84,6 +91,7 @@ def visible_gpus() -> list[str]:
 
 
 def vllm_available() -> bool:
+    """Whether vLLM is installed (found, not imported)."""
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
@@ -137,6 +145,14 @@ class HFBackend:
 
     def __init__(self, model_path: str, sampling: SamplingConfig, batch_size: int = 16, dtype: str = "auto",
                  device: str | None = None):
+        """Load the model and tokenizer from ``model_path``.
+
+        Args:
+            sampling: temperature, top_p and the new-token limit (capped at the model's positions, with one warning).
+            batch_size: samples per ``generate`` call.
+            dtype: torch dtype name; ``auto``: bfloat16 on a GPU, float32 on the CPU.
+            device: where to run (default: cuda when available, else cpu).
+        """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -168,6 +184,11 @@ class HFBackend:
         return limit
 
     def generate(self, requests: list[Request]) -> list[list[Completion]]:
+        """The completions of each request, in order: ``len(req.seeds)`` samples each, in chunks of ``batch_size``.
+
+        Each chunk seeds torch's generator with its first sample's seed, so the results depend only on the seeds and
+        where chunks start (the runner slices problems at multiples of ``batch_size``). No top-k (``top_k=0``).
+        """
         torch = self.torch
         out = []
         for req in requests:
@@ -192,6 +213,7 @@ class HFBackend:
         return out
 
     def close(self) -> None:
+        """No-op: the model is freed with the backend."""
         pass
 
 
@@ -216,6 +238,15 @@ class VLLMEngine:
     def __init__(self, model_path: str, sampling: SamplingConfig, tp: int = 1, dtype: str = "auto",
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
                  kv_cache_bytes: int | None = None, enforce_eager: bool = False, chunked_prefill: bool = True):
+        """Build the ``vllm.LLM`` (prefix caching on).
+
+        Args:
+            model_path: HF model folder; sampling: shared sampling settings; tp: tensor-parallel GPUs; dtype: vLLM's.
+            max_model_len: context length (None: the model's).
+            gpu_memory_utilization: vLLM's share of GPU memory (``kv_cache_bytes`` overrides it).
+            seed: the engine's seed (every request carries its own seed as well).
+            kv_cache_bytes, enforce_eager, chunked_prefill: see the class docstring.
+        """
         import vllm
 
         self.vllm = vllm
@@ -237,6 +268,11 @@ class VLLMEngine:
         self._warned = False
 
     def generate(self, requests: list[Request]) -> list[list[Completion]]:
+        """The completions of each request, in order: one seeded vLLM request per sample.
+
+        ``max_tokens`` is capped so that prompt + response fit ``max_model_len`` (one warning); capped samples may end
+        "length".
+        """
         prompts, params = [], []
         for req in requests:
             max_tokens = self.sampling.max_new_tokens
@@ -307,6 +343,18 @@ class VLLMBackend:
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tp: int | None = None, dp: int | None = None,
                  gpus: list[str] | None = None, cpu: bool | None = None, **engine_kwargs):
+        """Start the engine(s): one here when dp = 1, else ``dp`` spawned processes, each on its own ``tp`` GPUs.
+
+        Args:
+            model_path, sampling: as :class:`VLLMEngine`.
+            tp, dp: tensor and data parallel sizes (default: tp 1, dp as many engines as ``gpus`` fit).
+            gpus: the GPU ids to use (default: :func:`visible_gpus`).
+            cpu: use vLLM's CPU build (default: whether the installed vLLM is it).
+            engine_kwargs: the rest of :class:`VLLMEngine`'s arguments.
+
+        Raises:
+            RuntimeError: no GPU visible, or a data-parallel rank failed to start (its traceback quoted).
+        """
         self.cpu = vllm_cpu_build() if cpu is None else cpu
         if self.cpu:
             self.tp, self.dp = cpu_layout(tp, dp)
@@ -355,6 +403,7 @@ class VLLMBackend:
         return payload
 
     def generate(self, requests: list[Request]) -> list[list[Completion]]:
+        """The completions of each request, in order; with dp > 1 requests go round-robin to the engines."""
         if self.engine is not None:
             return self.engine.generate(requests)
         shards = [list(range(rank, len(requests), self.dp)) for rank in range(self.dp)]
@@ -367,6 +416,7 @@ class VLLMBackend:
         return result
 
     def close(self) -> None:
+        """Shut every engine down (a rank that does not exit within 60 s is terminated)."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None

@@ -36,6 +36,7 @@ class ProblemStats:
     timeouts: int = 0
 
     def add(self, rec: dict) -> None:
+        """Count one record in."""
         self.n += 1
         self.correct += bool(rec.get("correct"))
         self.response_tokens += int(rec.get("response_tokens") or 0)
@@ -44,11 +45,13 @@ class ProblemStats:
         self.timeouts += bool(rec.get("timeout"))
 
     def merge(self, other: ProblemStats) -> None:
+        """Add ``other``'s counts to these."""
         for field in ("n", "correct", "response_tokens", "truncated", "format_errors", "timeouts"):
             setattr(self, field, getattr(self, field) + getattr(other, field))
 
     @classmethod
     def of(cls, records: list[dict]) -> ProblemStats:
+        """The counts of ``records``."""
         stats = cls()
         for rec in records:
             stats.add(rec)
@@ -90,6 +93,7 @@ class SampleStore:
     """
 
     def __init__(self, out_dir: Path, n: int):
+        """The store of ``out_dir``/samples.jsonl, ``n`` samples per problem; nothing is read before :meth:`load`."""
         self.path = Path(out_dir) / SAMPLES_FILE
         self.n = n
         self.done: dict[tuple[str, int], ProblemStats] = {}
@@ -118,6 +122,8 @@ class SampleStore:
         return latest, torn, count
 
     def load(self) -> dict[tuple[str, int], ProblemStats]:
+        """Read the file once: the problems with all n samples (``done``), after dropping from the file a torn tail,
+        unfinished problems and repeated samples (each sample's last record is kept). Returns ``done``."""
         self.done, self._partial = {}, {}
         if not self.path.exists():
             return self.done

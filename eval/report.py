@@ -133,6 +133,7 @@ def histogram_table(summary: dict) -> str:
 
 
 def results_markdown(summary: dict, title: str) -> str:
+    """The run's results.md: ``title``, the pass@k table and, if there is one, the per-problem solve-rate histogram."""
     parts = [f"# {title}", "", results_table(summary)]
     hist = histogram_table(summary)
     if hist:

@@ -67,6 +67,7 @@ class Stopped(Exception):
 
 
 def _log(msg: str) -> None:
+    """Print a progress line to stderr."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -97,6 +98,8 @@ def _check_resume(out: Path, run: dict) -> dict:
 
 
 def _records(problem: Problem, seeds: list[int], completions, results: list[dict], first: int = 0) -> list[dict]:
+    """One JSONL record per completion of ``problem``, samples numbered from ``first``, with the reward's other scalar
+    fields (anything else as its ``str``)."""
     recs = []
     for i, (seed, comp, res) in enumerate(zip(seeds, completions, results, strict=True), start=first):
         rec = {"benchmark": problem.benchmark, "problem": problem.index, "id": problem.id,
@@ -215,6 +218,12 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
 
 
 def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, score_fn) -> tuple[float, bool]:
+    """Generate, score and record ``todo``; returns (seconds spent generating, whether ``stop_after`` stopped it).
+
+    Generation runs here; scoring and recording run in one background thread, at most two calls behind (bounded
+    memory). A problem's prompt ids are encoded once even when its samples span several calls. ``Stopped`` from the
+    scorer or the loop ends it and cancels what is still queued.
+    """
     from tqdm import tqdm
 
     total = len(todo) * cfg.n

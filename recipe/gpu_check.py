@@ -55,6 +55,7 @@ class GPUMemoryPeak:
     """Largest memory.used (MiB) of GPU 0 seen by nvidia-smi while the block runs (sampled every `every_s`)."""
 
     def __init__(self, every_s: float = 1.0):
+        """Sample every ``every_s`` seconds once the block is entered; ``peak_mib`` holds the largest value seen."""
         self.every_s, self.peak_mib, self._done = every_s, 0.0, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -109,6 +110,8 @@ def compare(reports: dict[str, dict]) -> dict:
 
 
 def format_report(reports: dict[str, dict], verdict: dict) -> str:
+    """The printed report: one line per method (step time after the first, first step, peak GPU GiB, log-prob gap per
+    step), the GAPO / GSPO step-time ratio and any problem."""
     lines = ["method  step_s(after 1st)  first_step_s  peak_gpu_GiB  logp_gap_max per step"]
     for name, r in reports.items():
         gaps = " ".join(f"{g:.1e}" if g is not None else "-" for g in r["logp_gap_max"])
@@ -120,6 +123,7 @@ def format_report(reports: dict[str, dict], verdict: dict) -> str:
 
 
 def main(argv=None):
+    """CLI entry: train GAPO, then GSPO, on GPU 0, write OUT/report.json, print it; exits 1 on a problem or no GPU."""
     parser = argparse.ArgumentParser(prog="python -m recipe.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/gpu-check", help="folder for model, data, logs and report.json")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per method (at least 2)")

@@ -350,6 +350,7 @@ def parse_steps(text: str) -> tuple[int | None, int | None]:
 
 
 def select_steps(run: Run, start: int | None, end: int | None) -> Run:
+    """A copy of ``run`` keeping only steps ``start <= step <= end`` (None: that end is open)."""
     kept = {s: m for s, m in run.steps.items() if (start is None or s >= start) and (end is None or s <= end)}
     return Run(run.label, run.path, run.kind, run.files, kept, list(run.notes))
 
@@ -357,6 +358,8 @@ def select_steps(run: Run, start: int | None, end: int | None) -> Run:
 # ------------------------------------------------------------------ what is drawn
 @dataclass
 class Line:
+    """One curve: a metric of one run by step; ``key`` tells curves of a panel apart (c, pass@k, ...)."""
+
     run: str  # the run's label
     key: str  # "c3", "pass@4", "coverage_frac@5%", "" (reward)
     metric: str
@@ -366,6 +369,8 @@ class Line:
 
 @dataclass
 class Panel:
+    """One subplot: its title, y-axis label and curves."""
+
     title: str
     ylabel: str
     lines: list[Line]
@@ -565,6 +570,7 @@ def plot_runs(paths: list[str | Path], out: str | Path, labels: list[str] | None
 
 
 def main(argv=None) -> None:
+    """CLI entry: draw the runs' metrics into one figure (``--out``); exits with the error if that fails."""
     parser = argparse.ArgumentParser(prog="python -m recipe.plot_run", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[3:]))

@@ -87,6 +87,9 @@ class Row:
 
 @dataclass(frozen=True)
 class Table:
+    """One of the paper's tables: its rows (runs, paper numbers) and columns (benchmark, k), with the evaluation's
+    benchmarks and arguments shared by every row."""
+
     name: str
     title: str
     benches: tuple[str, ...]
@@ -194,10 +197,12 @@ class Job:
 
     @property
     def command(self) -> list[str]:
+        """The training command: ``python -m recipe.main_gapo --config-name CONFIG OVERRIDES...``."""
         return ["python", "-m", "recipe.main_gapo", "--config-name", self.config, *self.overrides]
 
 
 def get_table(name: str) -> Table:
+    """The table named ``name``; ReproduceError naming the valid ones otherwise."""
     if name not in TABLES:
         raise ReproduceError(f"unknown table {name!r}: choose one of {', '.join(TABLES)} "
                              f"(python -m recipe.reproduce {'|'.join(TABLES)})")
@@ -205,6 +210,7 @@ def get_table(name: str) -> Table:
 
 
 def cluster_overrides(nodes: int, gpus_per_node: int) -> list[str]:
+    """Hydra overrides for the cluster's shape: trainer.nnodes and trainer.n_gpus_per_node."""
     return [f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={gpus_per_node}"]
 
 
@@ -278,6 +284,8 @@ def merge_command(checkpoint_dir: str) -> str:
 
 
 def eval_command(table: Table, row: Row, jobs: list[Job], eval_root: str) -> list[str]:
+    """The ``python -m eval`` command of a row: its model (the last run's checkpoints, or the base model), the table's
+    benchmarks and evaluation arguments, a flag of the row's own replacing the table's."""
     model = jobs[-1].checkpoint_dir if jobs else row.model
     own = {arg for arg in row.eval_args if arg.startswith("--")}
     shared, i = [], 0
@@ -290,6 +298,8 @@ def eval_command(table: Table, row: Row, jobs: list[Job], eval_root: str) -> lis
 
 
 def print_plan(table: Table, planned, eval_root: str, out=None) -> None:
+    """Print each row's commands in order: training runs (each later stage after its predecessor's export), then the
+    evaluation."""
     out = out or sys.stdout
     print(f"# table {table.name}: {table.title}", file=out)
     for row, jobs in planned:
@@ -383,6 +393,7 @@ def fill_table(table: Table, summaries: dict[str, dict | None], allow_missing: b
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m recipe.reproduce`` (module docstring)."""
     p = argparse.ArgumentParser(prog="python -m recipe.reproduce", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
@@ -404,6 +415,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """CLI entry: print the plan, submit it (``--submit``) or fill the table (``--fill``); returns 0 (2 on an error)."""
     args = parser().parse_intermixed_args(argv)
     try:
         table = get_table(args.table)

@@ -190,6 +190,8 @@ def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps
 
 
 def summary_lines(metrics: dict[int, dict]) -> list[str]:
+    """One printed line per step: reward, mixed groups, eps_high (min/mean/max), clip fraction, generation time,
+    log-prob gap and the clip fraction per success count c."""
     lines = ["step  reward  mixed  eps_high(min/mean/max)        clipfrac  gen_s  logp_gap  clipfrac_pos by c"]
     for step in sorted(metrics):
         m = metrics[step]
@@ -241,6 +243,7 @@ def write_summary(path: Path, rollout: str, wall_s: float, result: dict) -> None
 
 
 def main(argv=None):
+    """CLI entry: the smoke run (train, then resume) and its checks; prints the per-step summary, exits on failure."""
     parser = argparse.ArgumentParser(prog="python -m recipe.smoke", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/smoke", help="folder for model, data, logs, checkpoints (wiped)")
     parser.add_argument("--steps", type=int, default=2, help="steps of the first run")

@@ -83,6 +83,9 @@ def _parsers() -> dict:
 
 
 def bench_parsers(show=None) -> dict:
+    """Time each parser on inputs of SIZES_KB (the old regexes only up to their cap); returns
+    ``{name: {"us_per_kb": {kb: microseconds per KB, best of several runs}, "old": bool}}``. ``show(name, row)``
+    is called as each row is done."""
     table = {}
     for name, (make, fn, max_kb) in _parsers().items():
         row = {}
@@ -147,6 +150,8 @@ def hostile_set() -> list[tuple[str, str, str, object]]:
 
 
 def bench_hostile() -> dict:
+    """Score :func:`hostile_set` one answer at a time in a fresh sandbox; returns each item's time and verdict, the
+    total time, the parent's ``ru_maxrss`` before and after and its ``tracemalloc`` peak (MB), and ``all_zero``."""
     from gapo.rewards.sandbox.client import Sandbox, SandboxConfig
 
     sandbox = Sandbox(SandboxConfig()).start()
@@ -177,6 +182,7 @@ def bench_hostile() -> dict:
 
 
 def main() -> None:
+    """CLI entry: print the parser table (and the hostile set with ``--hostile``); exits 1 when a limit fails."""
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.code_parse", description=__doc__.split("\n")[0])
     parser.add_argument("--max-growth", type=float, default=None,
                         help="fail if a parser's time per KB at 1 MB is more than this many times that at 1 KB")

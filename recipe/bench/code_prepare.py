@@ -39,6 +39,7 @@ def write_source(path: Path, huge_rows: int, huge_mb: float, small_rows: int) ->
 
 
 def main(argv=None) -> int:
+    """CLI entry: prepare a synthetic source in a child process and print its peak RSS; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.code_prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--huge-rows", type=int, default=6)

@@ -156,6 +156,7 @@ def _over_limits(summary: dict, limits: dict[str, float | None]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """CLI entry: time the three variants in rotating rounds and print them; returns 1 if a ``--max-ratio-*`` fails."""
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.loss", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=4096, help="padded response length; real lengths vary")

@@ -138,6 +138,7 @@ def _fmt(row) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    """CLI entry: score the case table with each scorer (1 thread, then ``--threads``); prints and returns the rows."""
     p = argparse.ArgumentParser(prog="python -m recipe.bench.math_reward", description=__doc__.splitlines()[0])
     p.add_argument("--table", choices=sorted(TABLES), default="cases", help="which case table to run")
     p.add_argument("--repeats", type=int, default=2, help="passes over the case table per timed round")

@@ -27,6 +27,8 @@ INSTALL = {"hf": "make install", "vllm": "make install-vllm"}
 
 
 def run_one(engine: str, poll: float, out: Path, steps: int) -> dict:
+    """Run the smoke run with one engine and poll interval in that engine's venv; returns its summary.json. Exits on
+    a missing venv or a failed run."""
     python = PYTHONS[engine]
     if not python.exists():
         sys.exit(f"{python} is missing: run `{INSTALL[engine]}` first (or `make bench-rollout`, which does)")
@@ -40,6 +42,8 @@ def run_one(engine: str, poll: float, out: Path, steps: int) -> dict:
 
 
 def row(engine: str, poll: float, summary: dict) -> dict:
+    """One table row from a smoke run's summary: wall time, step times, generation and weight-sync means, log-prob gap,
+    peak memory (GiB)."""
     steps = {int(k): m for k, m in summary["steps"].items()}
     later = [steps[s]["timing_s/step"] for s in sorted(steps)[1:]]
     mean = lambda key: statistics.fmean(m[key] for m in steps.values())  # noqa: E731
@@ -51,6 +55,7 @@ def row(engine: str, poll: float, summary: dict) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    """The rows as a markdown table."""
     lines = ["| engine | poll_interval | smoke wall (s) | step 1 (s) | later steps (s) | gen (s) | update_weights (s) "
              "| log-prob gap max | peak memory (GiB) |", "|" + " --- |" * 9]
     for r in rows:
@@ -61,6 +66,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None):
+    """CLI entry: one smoke run per (engine, poll interval), then the table (and ``--json``)."""
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.rollout", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/bench-rollout", help="one smoke folder per row under it (wiped)")
     parser.add_argument("--steps", type=int, default=3, help="steps in all: the last one after a resume (>= 2)")

@@ -37,6 +37,8 @@ def _plain_run(interpreter: str, args: tuple[str, ...], path: str, stdin: str) -
 
 
 def bench(n_tests: int, repeats: int) -> dict:
+    """Run the three measurements (module docstring) on ``n_tests`` inputs, ``repeats`` scorings per problem;
+    returns latency (ms, median), throughput (tests/s) and problem times (s), sandbox against plain subprocesses."""
     sandbox = Sandbox(SandboxConfig()).start()
     cfg = sandbox.config
     inputs = [_input(i) for i in range(n_tests)]
@@ -94,6 +96,7 @@ def bench(n_tests: int, repeats: int) -> dict:
 
 
 def main() -> None:
+    """CLI entry: run :func:`bench` and print the comparison (and ``--json``)."""
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.sandbox", description=__doc__.split("\n")[0])
     parser.add_argument("--tests", type=int, default=200, help="test runs for the throughput measurement")
     parser.add_argument("--repeats", type=int, default=10, help="repetitions of the 15-test problem")

@@ -99,6 +99,8 @@ class StudySettings:
                    n_train=64, last=2)
 
     def validate(self) -> None:
+        """Raise ValueError naming the flag when a setting is out of range (unknown method, counts < 1, steps not a
+        multiple of val_every, last > steps, lr, rollout engine, repeated seeds)."""
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}: choose from {list(METHODS)}")
@@ -119,6 +121,7 @@ class StudySettings:
 
 
 def run_name(method: str, seed: int) -> str:
+    """A run's folder name, ``<method>-s<seed>``."""
     return f"{method}-s{seed}"
 
 
@@ -433,6 +436,8 @@ def seed_mean_run(label: str, runs: list[dict[int, dict]], keep) -> object:
 
 
 def figures(metrics_by_run: dict[str, dict[int, dict]], s: StudySettings, out: Path) -> list[Path]:
+    """Draw the seed-mean figures: reward and held-out pass@k of every method (curves.png) and each method's per-c
+    mechanism (mechanism_<method>.png); returns their paths."""
     from recipe.plot_run import build_panels, draw
 
     fig_dir = out / "figures"
@@ -493,6 +498,7 @@ def report(out: Path, s: StudySettings, files: dict[str, Path], wall_s: float | 
 
 
 def main(argv=None, preset: StudyPreset = CLIP_STUDY) -> None:
+    """CLI entry of a study (``preset``): prepare, run every (method, seed) not yet finished, write the report."""
     p = argparse.ArgumentParser(prog=preset.prog, description=preset.description)
     d = StudySettings(methods=list(preset.methods))
     p.add_argument("--out", default=preset.out, help=f"folder for model, data, runs, report (default {preset.out})")

@@ -68,6 +68,7 @@ KR_PREFIX = "gapo/clipfrac_pos_kr/"
 
 
 def is_vigor(method: str) -> bool:
+    """Whether the method allocates rollouts with VIGOR (its name starts with ``vigor_``)."""
     return method.startswith("vigor_")
 
 
@@ -239,6 +240,8 @@ def _as_spread(r: dict) -> dict:
 
 
 def markdown(section: dict, s: StudySettings) -> list[str]:
+    """The report's VIGOR sections (markdown lines): rollouts to the target and generation time, per-bucket allocation,
+    and the (k, rate) clip fractions."""
     methods = section["methods"]
     target = section["target"]
     lines = ["## Allocation: rollouts to a target, generation time", "",
@@ -281,16 +284,19 @@ class VigorReport:
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
+        """Add the study's ``--target`` flag to the parser."""
         p.add_argument("--target", type=float, help="success rate (0, 1] for 'rollouts to target' (default: the "
                        "highest smoothed success rate every run reaches)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> VigorReport:
+        """The report for the parsed flags; ValueError when ``--target`` is not in (0, 1]."""
         if args.target is not None and not (math.isfinite(args.target) and 0 < args.target <= 1):
             raise ValueError(f"--target must be a success rate in (0, 1], got {args.target}")
         return cls(args.target)
 
     def summarize(self, metrics_by_run, s):
+        """The ``vigor_study`` section of report.json (see :func:`summarize`), with this report's target."""
         return summarize(metrics_by_run, s, self.target)
 
     findings = staticmethod(findings)
@@ -305,6 +311,7 @@ VIGOR_STUDY = StudyPreset(
 
 
 def main(argv=None) -> None:
+    """CLI entry: the shared study (``recipe.studies.gspo_vs_gapo.main``) with the VIGOR preset."""
     study.main(argv, VIGOR_STUDY)
 
 
