@@ -238,11 +238,18 @@ class GAPOGRPOTrainer(GRPOTrainer):
             )
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards, (B_all, number of reward functions) over every process's rows; kept for the success counts."""
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gapo_rewards = rewards_per_func
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
+        """TRL's generation batch plus this process's (B,) `gapo_num_correct`, `gapo_group_size` and `gapo_success`.
+
+        (c, k, success) are computed over the gathered batch (groups of `num_generations`, or `num_generations_eval`
+        in evaluation), then sliced to this process's rows. Raises RuntimeError when TRL scored without
+        `_calculate_rewards` (an unsupported TRL version).
+        """
         self._gapo_rewards = None
         output = super()._generate_and_score_completions(inputs)
         if self._gapo_rewards is None:
@@ -262,6 +269,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
         return output
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """TRL's; while `_compute_loss` runs, also keeps its forward pass's (B, T) log-probs for the diagnostics."""
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._gapo_logps is _CAPTURE:
             self._gapo_logps = out[0].detach()

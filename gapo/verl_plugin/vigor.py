@@ -302,6 +302,7 @@ class VigorSampler:
 
     @staticmethod
     def _add_rewards(rewards: list[list[float]], meta: KVBatchMeta, index: dict[str, int]) -> None:
+        """Append the sequence rewards (`rm_scores` summed over tokens) of `meta`'s sessions to their prompts' lists."""
         if not meta.keys:
             return
         data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=["rm_scores"])
