@@ -47,14 +47,19 @@ def test_the_data_families_share_sources_not_each_other():
 
 
 def test_the_sandbox_and_the_math_worker_import_only_the_standard_library():
-    """The sandbox client runs alone under the system python (an unprivileged uid may not read the venv) and its
-    executor as `python -I -S` (no site-packages); the math worker imports math-verify and nothing of ours."""
+    """The sandbox client runs alone under the system python (an unprivileged uid may not read the venv), so it
+    imports nothing of ours; its executor runs as `python -I -S` (no site-packages) and imports its siblings (policy,
+    process, cgroups) by plain name from their own folder, so those may name each other, and none may share a name
+    with a standard module (it would shadow it there). The math worker imports math-verify and nothing of ours."""
     import sys
 
-    allowed = {"sandbox": set(), "math/_worker.py": {"math_verify", "latex2sympy2_extended", "sympy"}}
+    sandbox = sorted((ROOT / "gapo" / "rewards" / "sandbox").glob("*.py"))
+    siblings = {path.stem for path in sandbox} - {"__init__", "client"}
+    assert siblings & set(sys.stdlib_module_names) == set()
+    allowed = {"client.py": set(), "_worker.py": {"math_verify", "latex2sympy2_extended", "sympy"}}
     offenders = {}
-    for path in sorted((ROOT / "gapo" / "rewards" / "sandbox").glob("*.py")) + [ROOT / "gapo/rewards/math/_worker.py"]:
-        extra = allowed["math/_worker.py"] if path.name == "_worker.py" else allowed["sandbox"]
+    for path in sandbox + [ROOT / "gapo/rewards/math/_worker.py"]:
+        extra = allowed.get(path.name, siblings)
         bad = {m for m in _imported_modules(path)
                if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] not in extra}
         if bad:

@@ -23,8 +23,8 @@ import pytest
 
 from tests.conftest import missing_tool
 
-from gapo.rewards.sandbox import _executor as ex
 from gapo.rewards.code.score import compute_code_score
+from gapo.rewards.sandbox import cgroups
 from gapo.rewards.sandbox.client import ISOLATIONS, Sandbox, SandboxConfig, SandboxUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,21 +91,21 @@ def slot_dir(box: Sandbox, controller: str, slot: int) -> Path:
 
 # ----- the v1/v2 piece, on fake hierarchies --------------------------------------------------------------
 def test_cgroup_files_per_version():
-    v2 = ex.cgroup_slot_files(2, 300 * MB, 1.5, 20)
+    v2 = cgroups.cgroup_slot_files(2, 300 * MB, 1.5, 20)
     assert [(c, n, v) for c, n, v, _ in v2] == [
         ("memory", "memory.max", str(300 * MB)), ("memory", "memory.swap.max", "0"),
         ("pids", "pids.max", "20"), ("cpu", "cpu.max", "150000 100000")]
-    v1 = ex.cgroup_slot_files(1, 300 * MB, 1.5, 20)
+    v1 = cgroups.cgroup_slot_files(1, 300 * MB, 1.5, 20)
     assert [(c, n, v) for c, n, v, _ in v1] == [
         ("memory", "memory.limit_in_bytes", str(300 * MB)), ("memory", "memory.memsw.limit_in_bytes", str(300 * MB)),
         ("pids", "pids.max", "20"), ("cpu", "cpu.cfs_period_us", "100000"), ("cpu", "cpu.cfs_quota_us", "150000")]
     # swap accounting is optional; the rest is required
     assert {n for _, n, _, req in v2 + v1 if not req} == {"memory.swap.max", "memory.memsw.limit_in_bytes"}
     # no quota: cpus=0
-    assert ex.cgroup_slot_files(2, MB, 0, 4)[-1][2] == "max 100000"
-    assert ex.cgroup_slot_files(1, MB, 0, 4)[-1][2] == "-1"
-    assert ex.cgroup_base_files(2, 4) == [("cpu", "cpu.weight", "400", False)]
-    assert ex.cgroup_base_files(1, 4) == [("cpu", "cpu.shares", "4096", False)]
+    assert cgroups.cgroup_slot_files(2, MB, 0, 4)[-1][2] == "max 100000"
+    assert cgroups.cgroup_slot_files(1, MB, 0, 4)[-1][2] == "-1"
+    assert cgroups.cgroup_base_files(2, 4) == [("cpu", "cpu.weight", "400", False)]
+    assert cgroups.cgroup_base_files(1, 4) == [("cpu", "cpu.shares", "4096", False)]
 
 
 def _fake_v2(tmp_path, controllers="cpuset cpu io memory hugetlb pids"):
@@ -118,7 +118,7 @@ def _fake_v2(tmp_path, controllers="cpuset cpu io memory hugetlb pids"):
 
 def test_cgroup_v2_setup_on_a_fake_hierarchy(tmp_path):
     root = _fake_v2(tmp_path)
-    cg, note = ex.detect_cgroups("auto", str(root), 2, 300 * MB, 1.0, 20, self_cgroup="0::/\n", mountinfo="")
+    cg, note = cgroups.detect_cgroups("auto", str(root), 2, 300 * MB, 1.0, 20, self_cgroup="0::/\n", mountinfo="")
     assert cg is not None and cg.version == 2, note
     base = root / f"gapo-sandbox-{os.getpid()}"
     assert cg.dirs == [str(base)]
@@ -148,15 +148,16 @@ def test_cgroup_v2_placement(tmp_path):
     processes), else next to it; the path as /proc/self/cgroup shows it, less the mount's root."""
     root = _fake_v2(tmp_path)
     (root / "job" / "task").mkdir(parents=True)
-    own = ex._own_cgroups("0::/job/task\n")
-    assert ex._cgroup_candidates(2, str(root), own, {}) == [
-        {c: str(root / "job" / "task") for c in ex.CG_CONTROLLERS}, {c: str(root / "job") for c in ex.CG_CONTROLLERS}]
+    own = cgroups._own_cgroups("0::/job/task\n")
+    assert cgroups._cgroup_candidates(2, str(root), own, {}) == [
+        {c: str(root / "job" / "task") for c in cgroups.CG_CONTROLLERS},
+        {c: str(root / "job") for c in cgroups.CG_CONTROLLERS}]
     # a container without a cgroup namespace: /proc/self/cgroup shows the host's path, the mount's root is it
-    own = ex._own_cgroups("0::/docker/abc/job/task\n")
-    mounts = ex._mount_roots(f"30 25 0:26 /docker/abc {root} rw,nosuid - cgroup2 cgroup2 rw\n")
-    assert ex._cgroup_candidates(2, str(root), own, mounts)[0]["memory"] == str(root / "job" / "task")
+    own = cgroups._own_cgroups("0::/docker/abc/job/task\n")
+    mounts = cgroups._mount_roots(f"30 25 0:26 /docker/abc {root} rw,nosuid - cgroup2 cgroup2 rw\n")
+    assert cgroups._cgroup_candidates(2, str(root), own, mounts)[0]["memory"] == str(root / "job" / "task")
     # at the root of the hierarchy: only there
-    assert ex._cgroup_candidates(2, str(root), {"": "/"}, {}) == [{c: str(root) for c in ex.CG_CONTROLLERS}]
+    assert cgroups._cgroup_candidates(2, str(root), {"": "/"}, {}) == [{c: str(root) for c in cgroups.CG_CONTROLLERS}]
 
 
 def test_cgroup_v2_without_the_controllers_falls_back_to_v1(tmp_path):
@@ -169,7 +170,7 @@ def test_cgroup_v2_without_the_controllers_falls_back_to_v1(tmp_path):
         (root / name / "cgroup.procs").write_text("")
     (root / "memory" / "job").mkdir()
     own = "12:pids:/\n4:memory:/job\n2:cpu,cpuacct:/\n0::/\n"
-    cg, note = ex.detect_cgroups("auto", str(root), 1, 300 * MB, 0.5, 20, self_cgroup=own, mountinfo="")
+    cg, note = cgroups.detect_cgroups("auto", str(root), 1, 300 * MB, 0.5, 20, self_cgroup=own, mountinfo="")
     assert cg is not None and cg.version == 1
     assert "has only ['hugetlb']" in note
     name = f"gapo-sandbox-{os.getpid()}"
@@ -184,24 +185,25 @@ def test_cgroup_v2_without_the_controllers_falls_back_to_v1(tmp_path):
     memsw = root / "memory" / "job" / name / "slot0" / "memory.memsw.limit_in_bytes"
     memsw.write_text(str(300 * MB))
     order = []
-    real_write = ex._cg_write
-    ex._cg_write = lambda path, value, required=True: (order.append(Path(path).name), real_write(path, value, required))
+    real_write = cgroups._cg_write
+    cgroups._cg_write = lambda path, value, required=True: (order.append(Path(path).name),
+                                                            real_write(path, value, required))
     try:
         cg.set_memory(0, 600 * MB)
         cg.set_memory(0, 200 * MB)
     finally:
-        ex._cg_write = real_write
+        cgroups._cg_write = real_write
     assert order == ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes",
                      "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
 
 
 _FORK_INTO_CGROUP = """
 import os, sys
-from gapo.rewards.sandbox import _executor as ex
+from gapo.rewards.sandbox import process
 made = sys.argv[1]
 fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
 try:
-    pid = ex.fork_into_cgroup(fd)
+    pid = process.fork_into_cgroup(fd)
 except OSError as exc:
     print(f"clone3 unavailable here (the executor then writes cgroup.procs): {exc}")
     sys.exit(3)
@@ -223,7 +225,7 @@ def test_fork_into_cgroup_for_real():
                  None)
     if mount is None:
         pytest.skip("no cgroup v2 hierarchy here")
-    own = ex._relative(ex._own_cgroups().get(""), mount, ex._mount_roots())
+    own = cgroups._relative(cgroups._own_cgroups().get(""), mount, cgroups._mount_roots())
     made = None
     for place in (own, os.path.dirname(own)):
         try:
@@ -245,9 +247,9 @@ def test_fork_into_cgroup_for_real():
 
 
 def test_no_usable_cgroup_means_rlimits():
-    cg, note = ex.detect_cgroups("auto", "/nonexistent/cgroup", 1, MB, 1.0, 8)
+    cg, note = cgroups.detect_cgroups("auto", "/nonexistent/cgroup", 1, MB, 1.0, 8)
     assert cg is None and "v2" in note and "v1" in note
-    assert ex.detect_cgroups("off", "/sys/fs/cgroup", 1, MB, 1.0, 8) == (None, "cgroups disabled (cgroup='off')")
+    assert cgroups.detect_cgroups("off", "/sys/fs/cgroup", 1, MB, 1.0, 8) == (None, "cgroups disabled (cgroup='off')")
     with pytest.raises(ValueError):
         SandboxConfig(cgroup="v3")
 
@@ -291,8 +293,8 @@ def test_slot_cgroups_hold_the_limits_and_go_away(cg_box):
     cg = cg_box.probe["cgroup"]
     dirs = [Path(d) for d in cg["dirs"]]
     assert all(d.name == f"gapo-sandbox-{cg_box._proc.pid}" for d in dirs)
-    files = {name: value for _, name, value, _ in ex.cgroup_slot_files(cg["version"], cfg.slot_memory_bytes(),
-                                                                       cfg.slot_cpus, cfg.nproc)}
+    files = {name: value for _, name, value, _ in cgroups.cgroup_slot_files(cg["version"], cfg.slot_memory_bytes(),
+                                                                            cfg.slot_cpus, cfg.nproc)}
     for slot in range(cfg.slots):
         checked = set()
         for d in dirs:
@@ -300,7 +302,7 @@ def test_slot_cgroups_hold_the_limits_and_go_away(cg_box):
                 if (d / f"slot{slot}" / name).exists():
                     assert (d / f"slot{slot}" / name).read_text().split() == value.split(), (d, name)
                     checked.add(name)
-        required = {name for _, name, _, req in ex.cgroup_slot_files(cg["version"], 1, 1, 1) if req}
+        required = {name for _, name, _, req in cgroups.cgroup_slot_files(cg["version"], 1, 1, 1) if req}
         assert required <= checked, required - checked
     assert cfg.slot_memory_bytes() == (256 + 64 + 64) * MB
     box = _start(SandboxConfig(slots=1, **BASE))

@@ -1,16 +1,19 @@
-"""Sandbox executor: the dedicated process that launches, limits, times and reaps untrusted test runs.
+"""Sandbox executor: the dedicated process that launches, limits, times and reaps untrusted test runs; this
+file is its loop (config, message protocol, slots, scheduling, deadlines, the main loop).
 
 Started by :mod:`gapo.rewards.sandbox.client` as ``python -I -S _executor.py CONFIG_JSON`` (stdlib
 only, never imported by the trainer). It reads requests from stdin and writes results to stdout,
 both as length-prefixed ``marshal`` frames (plain data only; both ends are this project's code).
 
-One process per test, launched with ``fork`` + ``execve`` from this single-threaded loop (so no lock
-can be held across the fork), through this chain::
+Its siblings, one job each, imported by plain name (this file puts their directory on ``sys.path``):
 
-    rlimits (AS, CPU, FSIZE, NOFILE, NPROC, CORE) -> drop to the slot's own non-root uid
-    -> PR_SET_PDEATHSIG -> execve(bwrap, minimal env) -> every namespace unshared, read-only /usr,
-    program read-only at /main.py, small tmpfs /tmp, cleared env -> python3 -I -S /main.py
-    (pid 1 a shell, the program its child: normal signal semantics; its stdin a sealed regular file, as on a judge)
+- ``policy``: what a run may see and do (the bubblewrap command line, environment, stdin, rlimits' values);
+- ``process``: process control (clone3 into a cgroup, the launcher's steps to ``execve``, uids, finding and
+  killing processes);
+- ``cgroups``: the per-slot cgroups (v2 or v1: where, which limits, emptying, removal).
+
+One process per test, launched with ``fork`` + ``execve`` from this single-threaded loop (so no lock
+can be held across the fork), through the chain in ``policy``'s docstring.
 
 Why this process exists (each point was a measured failure of simpler designs):
 
@@ -20,15 +23,11 @@ Why this process exists (each point was a measured failure of simpler designs):
 - a slot is reused only when nothing of its previous run is left (below), so no test inherits
   another's leftovers; a killed run's result is sent only after that, so "the batch returned" means
   "nothing is running";
-- bwrap is exec'ed with a minimal environment: bwrap's own pid 1 keeps the environment it was
-  started with, readable as ``/proc/1/environ`` inside the sandbox;
+- bwrap is exec'ed with a minimal environment (see ``policy``);
 - each slot has its own cgroup (``<own cgroup>/gapo-sandbox-<pid>/slot<N>``, v2 or v1, see
-  :func:`detect_cgroups`) with memory, CPU and pids limits, because rlimits are per process: one test
-  forking 12 children of 150 MB each took 1.8 GB at ``memory_mb=256``, and busy ``setsid()`` children
-  in one slot made a correct program in another slot time out. The launcher starts in its slot's
-  cgroup (v2: clone3 with CLONE_INTO_CGROUP) or moves itself there before dropping privileges (v1);
-  everything it starts stays there (no cgroup file is reachable from the sandbox, none is writable by
-  the slot's uid).
+  :func:`cgroups.detect_cgroups`) with memory, CPU and pids limits, because rlimits are per process (numbers in
+  ``cgroups``). The launcher starts in its slot's cgroup (v2: clone3 with CLONE_INTO_CGROUP) or moves itself
+  there before dropping privileges (v1); everything it starts stays there.
 
 Nothing outlives a result: a test's result is sent only once its slot is empty. With cgroups: no task
 left in the slot's cgroup (``pids.current`` is 0, so even zombies are reaped), after killing them all
@@ -46,79 +45,39 @@ once. Deadlines: per test (from its start) and per group (from its first test's 
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import json
 import marshal
 import os
-import resource
 import selectors
 import signal
 import struct
 import sys
 import time
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
+if __package__:  # imported as gapo.rewards.sandbox._executor (a test, a tool)
+    from . import cgroups, policy, process
+else:
+    # Started as a script, `python -I -S _executor.py` (client.py): isolated mode leaves the script's own
+    # directory off sys.path (-I implies -P) and -S leaves out site-packages, so the siblings are found only
+    # once their directory is put there. First, as a plain `python _executor.py` would have it; none of their
+    # names is a standard module's, and they import only the standard library and each other
+    # (tests/test_layout.py checks both).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import cgroups
+    import policy
+    import process
+
 FRAME = struct.Struct("<Q")
 READ_CHUNK = 1 << 16
 EOF_GRACE_S = 0.5  # after the launcher exited, wait this long for its pipes to close, then close them
 CLEAN_RETRY_S = 1.0  # a slot whose cleaner gave up is retried after this long
 DRAIN_POLL_S = 0.002  # while a slot is being emptied, look again this often
-# One thread per numeric library: a slot gets about one CPU (cgroup quota) and a few tasks (pids.max,
-# RLIMIT_NPROC); OpenBLAS would otherwise start one thread per host core at `import numpy`.
-MINIMAL_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1"}
-PROGRAM_PATH = "/main.py"  # where the program appears inside the sandbox
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _prctl(option: int, arg: int) -> None:
-    if _libc.prctl(option, arg, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _write_all(fd: int, data) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
-_STDIN_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-
-
-def _stdin_file(data: bytes) -> int:
-    """A test's input as a regular file, sealed read-only, at offset 0 (it becomes the program's fd 0).
-
-    A regular file, not a pipe, because the judges whose problems these are (Codeforces, AtCoder, LeetCode's
-    stdin runs) give stdin as a file: the fast-input idiom ``os.read(0, os.fstat(0).st_size)`` reads it all
-    there and reads nothing from a pipe (size 0), so a right program scored 0. Sealed (no write, grow or
-    shrink; the seals themselves sealed), so a program cannot change what it reads, even through /proc."""
-    fd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        _write_all(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _STDIN_SEALS)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def send(obj) -> None:
     data = marshal.dumps(obj)
-    _write_all(1, FRAME.pack(len(data)))
-    _write_all(1, data)
-
-
-# PID 1 of a test's namespace: a shell that runs the program as its child and exits with its status (128 + N
-# for a death by signal N); its exit ends the namespace (the kernel kills what is left, and bwrap returns
-# once all is gone). Not bwrap's own init: measured 20-40% lower throughput here (15-25% slower per 15-test
-# problem), against 7-9% for the shell (python -m recipe.bench.sandbox --repeats 5 --tests 300).
-INIT_SHELL = ["/bin/sh", "-c", '"$@"; exit $?', "sh"]  # not a lone "$@": a shell may exec a last command
+    process.write_all(1, FRAME.pack(len(data)))
+    process.write_all(1, data)
 
 
 class Run:
@@ -179,15 +138,15 @@ class Executor:
         self.stdin_open = True
         # Several executors run at once on a node (one per reward worker, per test process...): each claims
         # its own uids, or one executor's cleaner would kill another's programs and count them as leftovers.
-        self.uids = _claim_uids(cfg["slots"], cfg["uid_base"], cfg.get("uid_span", 4096)) if self.root else []
+        self.uids = process.claim_uids(cfg["slots"], cfg["uid_base"], cfg.get("uid_span", 4096)) if self.root else []
         self.clone3 = True  # v2: start each run in its slot with clone3(CLONE_INTO_CGROUP) until it fails
-        cg, note = detect_cgroups(cfg.get("cgroup", "auto"), cfg.get("cgroup_root", "/sys/fs/cgroup"), cfg["slots"],
-                                  cfg.get("slot_memory_bytes", 1 << 31), cfg.get("slot_cpus", 1.0),
-                                  cfg.get("slot_pids", cfg["nproc"]))
+        cg, note = cgroups.detect_cgroups(cfg.get("cgroup", "auto"), cfg.get("cgroup_root", "/sys/fs/cgroup"),
+                                          cfg["slots"], cfg.get("slot_memory_bytes", 1 << 31),
+                                          cfg.get("slot_cpus", 1.0), cfg.get("slot_pids", cfg["nproc"]))
         self._set_isolation(cg, note)
-        self.argv_prefix = self._argv_prefix()
+        self.argv_prefix = policy.launch_argv(cfg, self.sandboxed)
 
-    def _set_isolation(self, cg: Cgroups | None, note: str = "") -> None:
+    def _set_isolation(self, cg: cgroups.Cgroups | None, note: str = "") -> None:
         """Per-slot cgroups, or (``rlimits``) a tighter RLIMIT_NPROC: without a memory limit per slot,
         a test's memory is bounded only by its process count times RLIMIT_AS."""
         self.cg, self.cg_note = cg, note
@@ -197,38 +156,9 @@ class Executor:
         if not self.root:
             # Shared-uid mode: NPROC counts every task of our uid (the trainer's threads too), so the
             # cap is "what exists now" plus a per-slot budget. Weaker than a uid per slot: see docs.
-            self.nproc = _tasks_of_uid(os.getuid()) + nproc * self.cfg["slots"]
+            self.nproc = process.tasks_of_uid(os.getuid()) + nproc * self.cfg["slots"]
 
     # ----- launch ------------------------------------------------------------------------------
-    def _argv_prefix(self) -> list[str]:
-        py = [self.cfg["interpreter"], *self.cfg["python_args"]]
-        if not self.sandboxed:
-            return py + ["/dev/fd/3"]
-        # --as-pid-1: bwrap returns only once every process in the namespace is gone (with bwrap's own init
-        # it returns when the program does). PID 1 is INIT_SHELL, the program its child: a normal process.
-        # As pid 1 the program ignored the signals it has no handler for, so one that printed the right output
-        # and then SIGKILLed or SIGTERMed itself exited 0 here, while a judge reports a runtime error.
-        a = [self.cfg["bwrap"], "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--as-pid-1"]
-        if self.cfg.get("disable_userns", True):
-            a.append("--disable-userns")  # no nested user namespaces: less kernel surface
-        a += ["--ro-bind", "/usr", "/usr"]
-        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-            path = "/" + name
-            if os.path.islink(path):
-                a += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                a += ["--ro-bind", path, path]
-        for path in self.cfg.get("extra_ro_binds", []):
-            a += ["--ro-bind", path, path]
-        a += ["--proc", "/proc", "--dev", "/dev",
-              "--size", str(self.cfg["tmpfs_bytes"]), "--tmpfs", "/tmp",
-              "--perms", "0444", "--ro-bind-data", "3", PROGRAM_PATH,
-              "--chdir", "/tmp", "--clearenv"]
-        for key, value in MINIMAL_ENV.items():
-            a += ["--setenv", key, value]
-        a += ["--setenv", "HOME", "/tmp", "--"]
-        return a + INIT_SHELL + py + [PROGRAM_PATH]
-
     def _uid(self, slot: int) -> int:
         return self.uids[slot]
 
@@ -237,7 +167,7 @@ class Executor:
         group.next += 1
         run = Run(group, idx, slot)
         group.running.add(run)
-        stdin_r = _stdin_file(group.inputs[idx][0])
+        stdin_r = policy.stdin_file(group.inputs[idx][0])
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         code_fd = os.memfd_create("program", os.MFD_CLOEXEC)  # one per run: bwrap reads it from offset 0
@@ -250,13 +180,13 @@ class Executor:
                 pass  # v1 refuses a limit below what the slot still holds (page cache): keep the last one
             if self.cg.version == 2 and self.clone3:
                 try:
-                    pid = fork_into_cgroup(self.cg.fd(slot))  # born in the slot: nothing to join
+                    pid = process.fork_into_cgroup(self.cg.fd(slot))  # born in the slot: nothing to join
                 except OSError as exc:  # before Linux 5.7, or clone3 filtered by seccomp (Docker: ENOSYS)
                     self.clone3 = False
                     self.cg_note = (self.cg_note + "; " if self.cg_note else "") + f"clone3 unavailable: {exc}"
             if pid < 0:
                 cg_join = self.cg.join_files(slot)
-        _write_all(code_fd, group.program)
+        process.write_all(code_fd, group.program)
         os.lseek(code_fd, 0, os.SEEK_SET)
         if pid < 0:
             pid = os.fork()
@@ -280,35 +210,9 @@ class Executor:
         self.sel.register(err_r, selectors.EVENT_READ, ("err", run))
 
     def _child(self, slot, limits, stdin_r, out_w, err_w, code_fd, cg_join) -> None:
-        os.setsid()  # own process group: a kill reaches the whole launcher
-        for path in cg_join:  # into the slot's cgroup (while still privileged); all it starts stays there
-            with open(path, "w") as f:
-                f.write("0")  # "0": this thread (see Cgroups.join_files)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        os.dup2(stdin_r, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.dup2(code_fd, 3)
-        os.closerange(4, 1 << 20)
-        mem = limits["memory_bytes"]
-        cpu = int(limits["test_timeout_s"]) + 1
-        for res, value in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu),
-                           (resource.RLIMIT_FSIZE, limits["fsize_bytes"]), (resource.RLIMIT_NOFILE, limits["nofile"]),
-                           (resource.RLIMIT_NPROC, self.nproc), (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(res, (value, value))
-        if self.root:
-            uid = self._uid(slot)  # RLIMIT_NPROC is not enforced for root, and counts per uid
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
-        if os.getppid() != self.pid:
-            os._exit(125)
-        if not self.sandboxed:
-            os.chdir("/tmp")
-        os.execve(self.argv_prefix[0], self.argv_prefix, MINIMAL_ENV)
+        uid = self._uid(slot) if self.root else None  # RLIMIT_NPROC is not enforced for root, and counts per uid
+        process.launch((stdin_r, out_w, err_w, code_fd), cg_join, policy.rlimits(limits, self.nproc), uid, self.pid,
+                       None if self.sandboxed else "/tmp", self.argv_prefix, policy.MINIMAL_ENV)
 
     # ----- I/O events -------------------------------------------------------------------------
     def _unregister_close(self, fd: int) -> None:
@@ -395,11 +299,7 @@ class Executor:
         if not run.reason:
             run.reason = reason
         if run.exit_status is None:
-            for fn in (os.killpg, os.kill):
-                try:
-                    fn(run.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            process.kill_group(run.pid)
         if self.cg is not None:
             self.cg.kill(run.slot)  # the slot is this run's alone: its setsid() children too, at once
 
@@ -483,13 +383,9 @@ class Executor:
             # No cgroup and no uid of our own: whatever a run left behind is re-parented to us (we are a
             # subreaper), so every child that is not a launcher or a cleaner is a leftover.
             tracked = set(self.runs_by_pid) | set(self.cleaners)
-            orphans = [pid for pid in _children_of(self.pid) if pid not in tracked]
+            orphans = [pid for pid in process.children_of(self.pid) if pid not in tracked]
             if orphans:
-                for pid in orphans:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                process.kill_all(orphans)
             else:
                 draining, self.draining = self.draining, {}
                 for slot, runs in draining.items():
@@ -497,31 +393,7 @@ class Executor:
         return bool(self.draining)
 
     def spawn_cleaner(self, slot: int, runs: list[Run]) -> None:
-        uid = self._uid(slot)
-        pid = os.fork()
-        if pid == 0:
-            code = 2
-            try:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-                end = time.monotonic() + 5.0
-                code = 1
-                while time.monotonic() < end:
-                    # Kills every process of this uid except ourselves. Its return value cannot tell
-                    # whether any was left (it is 0 when other processes exist, even if none could be
-                    # signalled), so look in /proc; zombies count until the executor has reaped them.
-                    try:
-                        os.kill(-1, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    if _tasks_of_uid(uid, exclude=os.getpid()) == 0:
-                        code = 0
-                        break
-                    time.sleep(0.002)
-            finally:
-                os._exit(code)
-        self.cleaners[pid] = (slot, runs)
+        self.cleaners[process.fork_cleaner(self._uid(slot))] = (slot, runs)
 
     def release(self, slot: int, runs: list[Run]) -> None:
         for run in runs:
@@ -634,10 +506,7 @@ class Executor:
             seen = None
         ok = got["status"] == "ok" and got["exit_code"] == 0 and seen is not None
         if ok and self.sandboxed:
-            allowed = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "proc", "dev", "tmp",
-                       PROGRAM_PATH.strip("/")}
-            allowed |= {p.strip("/").split("/")[0] for p in self.cfg.get("extra_ro_binds", [])}
-            extra = set(seen) - allowed
+            extra = set(seen) - policy.visible_root(self.cfg)
             if extra:
                 ok = False
                 info["stderr"] += f"\nthe sandbox sees host paths: {sorted(extra)}"
@@ -671,396 +540,17 @@ class Executor:
         else:
             while time.monotonic() < end:
                 self.reap()
-                orphans = _children_of(self.pid)
+                orphans = process.children_of(self.pid)
                 if not orphans:
                     break
-                for pid in orphans:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                process.kill_all(orphans)
                 time.sleep(DRAIN_POLL_S)
         self.reap()
 
 
-# ----- per-slot cgroups ----------------------------------------------------------------------------
-CG_CONTROLLERS = ("memory", "cpu", "pids")
-CG_PREFIX = "gapo-sandbox-"
-CPU_PERIOD_US = 100_000
-
-
-def cgroup_slot_files(version: int, memory_bytes: int, cpus: float, pids: int) -> list[tuple[str, str, str, bool]]:
-    """What to write in one slot's cgroup, in order: ``(controller, file, value, required)``.
-
-    With :func:`cgroup_base_files`, the whole v1/v2 difference in limits. Optional files (swap accounting)
-    are written only where they exist. ``cpus`` <= 0: no quota (the slots still share CPU equally).
-    """
-    if version == 2:
-        quota = str(int(cpus * CPU_PERIOD_US)) if cpus > 0 else "max"
-        return [("memory", "memory.max", str(memory_bytes), True),
-                ("memory", "memory.swap.max", "0", False),
-                ("pids", "pids.max", str(pids), True),
-                ("cpu", "cpu.max", f"{quota} {CPU_PERIOD_US}", True)]
-    quota = str(int(cpus * CPU_PERIOD_US)) if cpus > 0 else "-1"
-    return [("memory", "memory.limit_in_bytes", str(memory_bytes), True),
-            ("memory", "memory.memsw.limit_in_bytes", str(memory_bytes), False),
-            ("pids", "pids.max", str(pids), True),
-            ("cpu", "cpu.cfs_period_us", str(CPU_PERIOD_US), True),
-            ("cpu", "cpu.cfs_quota_us", quota, True)]
-
-
-def cgroup_base_files(version: int, slots: int) -> list[tuple[str, str, str, bool]]:
-    """The executor's own group (parent of the slots): its CPU weight is that of ``slots`` ordinary
-    processes, so against the rest of the host the sandboxes weigh what one process per slot did before."""
-    if version == 2:
-        return [("cpu", "cpu.weight", str(min(10000, 100 * slots)), False)]
-    return [("cpu", "cpu.shares", str(min(262144, 1024 * slots)), False)]
-
-
-def _cg_read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
-def _cg_write(path: str, value: str, required: bool = True) -> None:
-    if not required and not os.path.exists(path):
-        return
-    with open(path, "w") as f:
-        f.write(value)
-
-
-SYS_CLONE3 = 435  # the same number on every architecture that has it (x86_64, arm64, ppc64, s390x, riscv)
-CLONE_INTO_CGROUP = 0x200000000
-
-
-class _CloneArgs(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal",
-                                                      "stack", "stack_size", "tls", "set_tid", "set_tid_size",
-                                                      "cgroup")]
-
-
-_pyapi = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held across the call, as in os.fork()
-
-
-def fork_into_cgroup(cgroup_fd: int) -> int:
-    """``os.fork()`` whose child starts in the cgroup (v2) open as ``cgroup_fd``: clone3 with
-    CLONE_INTO_CGROUP (Linux 5.7+), wrapped in the interpreter's own before/after-fork hooks like
-    ``os.fork``. Only for a single-threaded process (the executor): glibc's fork handlers do not run.
-    Raises OSError where clone3 is unavailable (ENOSYS: old kernel or a seccomp filter; EINVAL...)."""
-    args = _CloneArgs(flags=CLONE_INTO_CGROUP, exit_signal=signal.SIGCHLD, cgroup=cgroup_fd)
-    _pyapi.syscall.restype = ctypes.c_long
-    ctypes.pythonapi.PyOS_BeforeFork()
-    pid = _pyapi.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_size_t(ctypes.sizeof(args)))
-    if pid == 0:
-        ctypes.pythonapi.PyOS_AfterFork_Child()
-        return 0
-    err = ctypes.get_errno()
-    ctypes.pythonapi.PyOS_AfterFork_Parent()
-    if pid < 0:
-        raise OSError(err, f"clone3(CLONE_INTO_CGROUP): {os.strerror(err)}")
-    return pid
-
-
-class Cgroups:
-    """One executor's slot cgroups: ``<parent>/gapo-sandbox-<pid>/slot<N>`` in every hierarchy that holds
-    one of memory, cpu, pids (v2: a single one holds all three; v1: usually one per controller)."""
-
-    def __init__(self, version: int, parents: dict, slots: int, name: str | None = None):
-        self.version = version
-        self.name = name or f"{CG_PREFIX}{os.getpid()}"
-        self.parents = dict(parents)  # controller -> the directory the group is created in
-        self.bases = {c: os.path.join(p, self.name) for c, p in self.parents.items()}
-        self.slots = slots
-        self.dirs = sorted(set(self.bases.values()))  # one per hierarchy
-        self.memory = [0] * slots  # memory limit currently written, per slot
-        self.created: list[str] = []
-        self.fds: dict[int, int] = {}
-
-    def slot_dir(self, controller: str, slot: int) -> str:
-        return os.path.join(self.bases[controller], f"slot{slot}")
-
-    def join_files(self, slot: int) -> list[str]:
-        """The files a launcher writes ``0`` (itself) to, to enter its slot in every hierarchy.
-
-        v1: ``tasks``, which moves only the writing thread (the launcher has one): the kernel then skips
-        the global lock that a ``cgroup.procs`` write takes, and the RCU grace period it waits for, which
-        cost 7-14 ms per run measured here under load, against 0.7 ms. v2 has no such file for a domain
-        group; the executor starts the launcher in its slot with clone3 (:func:`fork_into_cgroup`) and
-        writes ``cgroup.procs`` only where clone3 is unavailable.
-        """
-        name = "tasks" if self.version == 1 else "cgroup.procs"
-        return [os.path.join(d, f"slot{slot}", name) for d in self.dirs]
-
-    def fd(self, slot: int) -> int:
-        """An open directory fd of the slot's (v2) cgroup, for clone3(CLONE_INTO_CGROUP)."""
-        if slot not in self.fds:
-            self.fds[slot] = os.open(self.slot_dir("pids", slot), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        return self.fds[slot]
-
-    def setup(self, memory_bytes: int, cpus: float, pids: int) -> None:
-        try:
-            for d in self.dirs:
-                _sweep_stale(os.path.dirname(d))
-                os.mkdir(d)
-                self.created.append(d)
-            if self.version == 2:
-                parent, base = self.parents["memory"], self.bases["memory"]
-                enable = " ".join("+" + c for c in CG_CONTROLLERS)
-                try:
-                    have = set(_cg_read(os.path.join(base, "cgroup.controllers")).split())
-                except FileNotFoundError:
-                    have = set()
-                if not set(CG_CONTROLLERS) <= have:  # fails (EBUSY) if the parent holds processes
-                    _cg_write(os.path.join(parent, "cgroup.subtree_control"), enable)
-                _cg_write(os.path.join(base, "cgroup.subtree_control"), enable)
-            for ctrl, name, value, required in cgroup_base_files(self.version, self.slots):
-                _cg_write(os.path.join(self.bases[ctrl], name), value, required)
-            for slot in range(self.slots):
-                for d in self.dirs:
-                    os.mkdir(os.path.join(d, f"slot{slot}"))
-                    self.created.append(os.path.join(d, f"slot{slot}"))
-                for ctrl, name, value, required in cgroup_slot_files(self.version, memory_bytes, cpus, pids):
-                    _cg_write(os.path.join(self.slot_dir(ctrl, slot), name), value, required)
-                self.memory[slot] = memory_bytes
-        except BaseException:
-            self.remove()
-            raise
-
-    def set_memory(self, slot: int, memory_bytes: int) -> None:
-        """Change a slot's memory limit (between runs; a call may ask for its own ``memory_mb``)."""
-        if self.memory[slot] == memory_bytes:
-            return
-        files = [(os.path.join(self.slot_dir(c, slot), n), v, r)
-                 for c, n, v, r in cgroup_slot_files(self.version, memory_bytes, 0, 0) if c == "memory"]
-        if self.version == 1 and memory_bytes > self.memory[slot]:
-            files.reverse()  # v1 wants memsw >= limit at every step: raise memsw first
-        for path, value, required in files:
-            _cg_write(path, value, required)
-        self.memory[slot] = memory_bytes
-
-    def procs(self, slot: int) -> list[int]:
-        text = _cg_read(os.path.join(self.slot_dir("pids", slot), "cgroup.procs"))
-        return [int(x) for x in text.split()]
-
-    def count(self, slot: int) -> int:
-        """Tasks charged to the slot, zombies included until reaped (``pids.current``)."""
-        return int(_cg_read(os.path.join(self.slot_dir("pids", slot), "pids.current")))
-
-    def kill(self, slot: int) -> None:
-        """SIGKILL everything in the slot (one write on v2; on v1 each pid: call again until empty)."""
-        kill_file = os.path.join(self.slot_dir("pids", slot), "cgroup.kill")
-        if self.version == 2 and os.path.exists(kill_file):
-            _cg_write(kill_file, "1")
-            return
-        for pid in self.procs(slot):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def remove(self) -> None:
-        """Remove the (empty) slot groups and the executor's group; errors are ignored."""
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds = {}
-        for path in reversed(self.created):
-            try:
-                os.rmdir(path)
-            except OSError:
-                pass
-        self.created = []
-
-    def describe(self) -> dict:
-        return {"version": self.version, "dirs": self.dirs, "bases": dict(self.bases)}
-
-
-def _sweep_stale(parent: str) -> None:
-    """Remove empty groups left by executors that died without cleaning up (their pid is gone)."""
-    try:
-        entries = os.listdir(parent)
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.startswith(CG_PREFIX) or not entry[len(CG_PREFIX):].isdigit():
-            continue
-        if os.path.exists(f"/proc/{entry[len(CG_PREFIX):]}"):
-            continue
-        path = os.path.join(parent, entry)
-        try:
-            for sub in os.listdir(path):
-                if os.path.isdir(os.path.join(path, sub)):
-                    os.rmdir(os.path.join(path, sub))  # fails if still populated: then left alone
-            os.rmdir(path)
-        except OSError:
-            pass
-
-
-def _own_cgroups(text: str | None = None) -> dict:
-    """This process's cgroup per controller (``""``: the v2 hierarchy), from ``/proc/self/cgroup``."""
-    if text is None:
-        text = _cg_read("/proc/self/cgroup")
-    own = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for ctrl in parts[1].split(",") if parts[1] else [""]:
-                own[ctrl] = parts[2]
-    return own
-
-
-def _mount_roots(text: str | None = None) -> dict:
-    """Mount point -> root inside the cgroup filesystem, for cgroup mounts (``/proc/self/mountinfo``)."""
-    if text is None:
-        try:
-            text = _cg_read("/proc/self/mountinfo")
-        except OSError:
-            return {}
-    roots = {}
-    for line in text.splitlines():
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) >= 5 and right.split()[:1] in (["cgroup"], ["cgroup2"]):
-            roots[fields[4]] = fields[3]
-    return roots
-
-
-def _relative(path: str | None, mount: str, mounts: dict) -> str:
-    """``path`` (as /proc/self/cgroup shows it) as a directory under ``mount``; the mount's root if unknown."""
-    if not path:
-        return mount
-    root = mounts.get(mount, "/")
-    if root != "/" and (path == root or path.startswith(root + "/")):
-        path = path[len(root):] or "/"
-    full = os.path.join(mount, path.lstrip("/"))
-    return full.rstrip("/") if os.path.isdir(full) else mount
-
-
-def _cgroup_candidates(version: int, root: str, own: dict, mounts: dict) -> list[dict]:
-    """Where the executor's group may go, best first: ``[{controller: parent dir}]`` (raises LookupError)."""
-    if version == 2:
-        mount = next((d for d in (root, os.path.join(root, "unified"))
-                      if os.path.isfile(os.path.join(d, "cgroup.controllers"))), None)
-        if mount is None:
-            raise LookupError(f"no cgroup2 hierarchy at {root}")
-        have = _cg_read(os.path.join(mount, "cgroup.controllers")).split()
-        if not set(CG_CONTROLLERS) <= set(have):
-            raise LookupError(f"the cgroup2 hierarchy at {mount} has only {have or 'no controllers'}")
-        mine = _relative(own.get(""), mount, mounts)
-        # Under our own group only where it may have children with controllers (no processes in it,
-        # or the root); else next to it (v2 forbids processes in a group that distributes resources).
-        places = [mine] if mine == mount else [mine, os.path.dirname(mine)]
-        return [{c: place for c in CG_CONTROLLERS} for place in places]
-    parents = {}
-    for ctrl in CG_CONTROLLERS:
-        try:
-            names = os.listdir(root)
-        except OSError as exc:
-            raise LookupError(f"no cgroup hierarchies at {root}: {exc.strerror}") from None
-        mount = next((os.path.join(root, n) for n in sorted(names, key=lambda n: n != ctrl)
-                      if ctrl in n.split(",") and os.path.isfile(os.path.join(root, n, "cgroup.procs"))), None)
-        if mount is None:
-            raise LookupError(f"no cgroup v1 hierarchy for {ctrl} at {root}")
-        parents[ctrl] = _relative(own.get(ctrl), mount, mounts)
-    return [parents]
-
-
-def detect_cgroups(mode: str, root: str, slots: int, memory_bytes: int, cpus: float, pids: int,
-                   self_cgroup: str | None = None, mountinfo: str | None = None):
-    """Create the slot cgroups: cgroup v2 first, then v1 (``mode`` ``auto``), or only ``v2`` / ``v1``;
-    ``off``: none. Returns ``(Cgroups, why earlier choices were skipped)``, or ``(None, why)`` when no
-    hierarchy is usable here (not mounted, a controller missing, not writable...): the caller then falls
-    back to rlimits."""
-    if mode == "off":
-        return None, "cgroups disabled (cgroup='off')"
-    versions = {"auto": (2, 1), "v2": (2,), "v1": (1,)}.get(mode)
-    if versions is None:
-        raise ValueError(f"cgroup must be auto, v2, v1 or off, got {mode!r}")
-    try:
-        own = _own_cgroups(self_cgroup)
-    except OSError:
-        own = {}
-    mounts = _mount_roots(mountinfo)
-    notes = []
-    for version in versions:
-        try:
-            candidates = _cgroup_candidates(version, root, own, mounts)
-        except (LookupError, OSError) as exc:
-            notes.append(f"v{version}: {exc}")
-            continue
-        for parents in candidates:
-            cg = Cgroups(version, parents, slots)
-            try:
-                cg.setup(memory_bytes, cpus, pids)
-                return cg, "; ".join(notes)  # why earlier choices were skipped
-            except OSError as exc:
-                notes.append(f"v{version} in {sorted(set(parents.values()))}: {exc}")
-    return None, "; ".join(notes)
-
-
-def _proc_files(name: str, exclude: int = -1):
-    """(pid, contents of /proc/<pid>/<name>) for every live process but ``exclude`` (vanished ones skipped)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == exclude:
-            continue
-        try:
-            with open(f"/proc/{entry}/{name}", "rb") as f:
-                yield int(entry), f.read()
-        except OSError:
-            continue
-
-
-def _children_of(ppid: int) -> list[int]:
-    """Pids whose parent is ``ppid`` (zombies included), from ``/proc/*/stat``."""
-    found = []
-    for pid, stat in _proc_files("stat"):
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1 and int(fields[1]) == ppid:
-            found.append(pid)
-    return found
-
-
-UID_LOCK_DIR = "/tmp/gapo-sandbox-uids"
-
-
-def _claim_uids(count: int, base: int, span: int) -> list[int]:
-    """``count`` uids from [base, base + span) that no other live executor on this host holds.
-
-    Each claim is an exclusive flock on a per-uid file, held (fd kept open, not inheritable) until this
-    process exits, so the kernel releases it even after a crash. A uid is also skipped while processes of
-    it still run (left by an executor that died).
-    """
-    os.makedirs(UID_LOCK_DIR, mode=0o700, exist_ok=True)
-    uids = []
-    for uid in range(base, base + span):
-        fd = os.open(os.path.join(UID_LOCK_DIR, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        if _tasks_of_uid(uid):
-            os.close(fd)
-            continue
-        uids.append(uid)  # fd stays open: the lock lives as long as this process
-        if len(uids) == count:
-            return uids
-    raise RuntimeError(f"no {count} free sandbox uids in [{base}, {base + span}): too many executors on this host")
-
-
-def _tasks_of_uid(uid: int, exclude: int = -1) -> int:
-    """Threads of all processes whose real uid is ``uid`` (from ``/proc/*/status``, which, unlike the
-    owner of ``/proc/PID``, does not change when a process makes itself non-dumpable)."""
-    count = 0
-    for _, status in _proc_files("status", exclude):
-        fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
-        if int(fields.get(b"Uid", b"-1").split()[0]) == uid:
-            count += int(fields.get(b"Threads", b"1").strip())
-    return count
-
-
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    process.prctl(process.PR_SET_CHILD_SUBREAPER, 1)
     rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wfd)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wake-up fd does the work

@@ -5,7 +5,7 @@ subreaper that launches, limits, times and reaps one sandboxed process per test)
 pipes. It only runs programs and returns what they printed; judging happens in the caller, so
 expected outputs never reach the sandbox (nor the executor).
 
-Isolation of each test (see the executor's docstring for the launch chain): every namespace unshared
+Isolation of each test (the launch chain: :mod:`gapo.rewards.sandbox.policy`): every namespace unshared
 (user, pid, net, ipc, uts, cgroup, mount), no host files except read-only ``/usr`` (plus the
 interpreter's prefix when it lives elsewhere), the program read-only at ``/main.py``, a small tmpfs
 ``/tmp``, a cleared environment (bwrap itself also starts with a minimal one), rlimits on address
