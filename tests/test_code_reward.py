@@ -1,14 +1,20 @@
 """Code reward: answer extraction, each DeepCoder subset's test format, HumanEval, comparison rules,
-concurrency and time bounds. Runs real programs in the sandbox (skipped where bwrap cannot work)."""
+concurrency and time bounds, the scorer's settings (CodeScoringSettings) and object (CodeBatchScorer). Runs
+real programs in the sandbox (skipped where bwrap cannot work)."""
 
+import dataclasses
 import json
+import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from gapo.rewards.code.protocol import PROTOCOLS
 from gapo.rewards.code.score import (
+    CodeBatchScorer,
+    CodeScoringSettings,
     compute_code_score,
     compute_code_score_batch,
     extract_code,
@@ -260,3 +266,67 @@ def test_results_have_the_same_keys_everywhere(box):
     assert [o["score"] for o in outs] == [0.0, 1.0, 0.0, 0.0]
     assert [o["format_error"] for o in outs] == [True, False, False, False]
     assert outs[3]["timeout"]
+
+
+# ----- the settings and the batch scorer behind score_code_batch ---------------------------------------------
+SECONDS = "must be a number of seconds > 0 (null: the default), got"
+MIB = "must be a positive integer of MiB (null: the sandbox's), got"
+TOL = "must be a finite number >= 0 (default 1e-6), got"
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("max_tests", -1, "max_tests must be an integer >= 0 (0 or null: every test), got -1"),
+    ("max_tests", 2.5, "max_tests must be an integer >= 0 (0 or null: every test), got 2.5"),
+    ("test_timeout_s", 0, f"test_timeout_s {SECONDS} 0"),
+    ("problem_timeout_s", float("nan"), f"problem_timeout_s {SECONDS} nan"),
+    ("batch_timeout_s", -1.0, f"batch_timeout_s {SECONDS} -1.0"),
+    ("batch_timeout_s", "10", f"batch_timeout_s {SECONDS} '10'"),
+    ("memory_mb", 0, f"memory_mb {MIB} 0"),
+    ("memory_mb", 512.0, f"memory_mb {MIB} 512.0"),
+    ("memory_mb", True, f"memory_mb {MIB} True"),
+    ("float_tol", -1e-6, f"float_tol {TOL} -1e-06"),
+    ("float_tol", float("inf"), f"float_tol {TOL} inf"),
+    ("float_tol", "1e-6", f"float_tol {TOL} '1e-6'"),
+    ("require_think", "yes", "require_think must be true or false, got 'yes'"),
+    ("humaneval_replay", 1, "humaneval_replay must be true or false, got 1"),
+    ("source_protocol", {"lcb_v6": {"max_tests": 3}}, "source_protocol.lcb_v6: unknown code source; use one of"),
+])
+def test_bad_settings_name_the_value_and_the_fix(key, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CodeScoringSettings(**{key: value})
+    with pytest.raises(ValueError, match=re.escape(message)):  # the function's keywords are the same settings
+        score_code_batch([_fence("print(1)\n")], [json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})],
+                         **{key: value})
+
+
+def test_settings_are_frozen_and_resolve_the_protocol_table():
+    settings = CodeScoringSettings(source_protocol={"livecodebench": {"max_tests": 3}})
+    assert settings.protocols["livecodebench"].max_tests == 3
+    assert settings.protocols["deepcoder_taco"] == PROTOCOLS["deepcoder_taco"]  # the table, not a copy of defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.max_tests = 5
+
+
+def test_scorer_and_function_agree_on_a_mixed_batch(box):
+    """Pass, wrong answer, timeout, format error, function call and HumanEval (pass and fail) in one batch:
+    the function, a scorer object, and the same object reused give the same results."""
+    stdio = json.dumps({"inputs": ["1\n", "2\n"], "outputs": ["1\n", "2\n"]})
+    one = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})  # failing rows: one test, so one possible reason
+    call = json.dumps({"inputs": [[1, 2], [3, 4]], "outputs": [[3], [7]], "fn_name": "add"})
+    he = json.dumps({"prompt": "def f(x):\n", "entry_point": "f",
+                     "test": "def check(candidate):\n    assert candidate(1) == 1\n    assert candidate(2) == 2\n"})
+    rows = [(_fence("print(input())\n"), stdio, "taco"),
+            (_fence("print(0)\n"), one, "taco"),
+            (_fence("while True: pass\n"), one, "taco"),
+            ("no code here", stdio, "taco"),
+            (_fence("def add(a, b):\n    return a + b\n"), call, "primeintellect"),
+            (_fence("def f(x):\n    return x\n"), he, "humaneval"),
+            (_fence("def f(x):\n    return -x\n"), he, "humaneval")]
+    answers, gts, sources = (list(col) for col in zip(*rows))
+    by_function = score_code_batch(answers, gts, data_sources=sources, test_timeout_s=1.0, sandbox=box)
+    scorer = CodeBatchScorer(CodeScoringSettings(test_timeout_s=1.0), sandbox=box)
+    assert scorer.score(answers, gts, data_sources=sources) == by_function
+    assert scorer.score(answers, gts, data_sources=sources) == by_function  # no state left from the last batch
+    assert [r["score"] for r in by_function] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert [r["timeout"] for r in by_function] == [False, False, True, False, False, False, False]
+    assert [r["format_error"] for r in by_function] == [False, False, False, True, False, False, False]

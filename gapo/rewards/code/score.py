@@ -465,123 +465,193 @@ def _judge_test(item: _Item, idx: int, res: RunResult, tol: float) -> str:
     return f"wrong answer on test {idx + 1}"
 
 
-def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extra_infos: Sequence | None = None, *,
-                     data_sources: Sequence | None = None, max_tests: int | None = None,
-                     test_timeout_s: float | None = None, problem_timeout_s: float | None = None,
-                     memory_mb: int | None = None, batch_timeout_s: float | None = None, require_think: bool = False,
-                     float_tol: float = 1e-6, humaneval_replay: bool = True, source_protocol: Mapping | None = None,
-                     sandbox: Sandbox | None = None) -> list[dict]:
-    """Score many answers at once: every problem is submitted up front and runs in parallel over the
-    sandbox's slots; the whole call returns within ``batch_timeout_s`` (default: the longest problem limit
-    times the number of rounds the slots need, plus 30 s, plus two test limits per round for HumanEval's
-    extra steps); unfinished problems score 0 with ``timeout``. A malformed ground truth raises
-    ``ValueError``; whatever a program does, its item scores 0 with a ``reason``, never an exception.
+@dataclass(frozen=True)
+class CodeScoringSettings:
+    """The knobs of a code-scoring call (the code reward's ``reward_kwargs``), checked when built.
 
-    Each row is tested under its ``data_sources`` entry's protocol (:mod:`gapo.rewards.code.protocol`: test
-    cap, per-test and per-problem limits), with ``source_protocol`` (``{source: {key: value}}``) applied over
-    the table; without ``data_sources``, DeepCoder's default cap (15) and the sandbox's limits. ``max_tests``
-    (0: every test), ``test_timeout_s`` and ``problem_timeout_s``, when given, override every source's."""
-    n = len(solution_strs)
-    extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
-    if data_sources is not None and len(data_sources) != n:
-        raise ValueError(f"{len(data_sources)} data_sources for {n} solutions")
-    for key, value in (("max_tests", max_tests), ("test_timeout_s", test_timeout_s),
-                       ("problem_timeout_s", problem_timeout_s)):
-        _check_value(key, value)  # a bad global override is a config error, raised before anything runs
-    table = resolve_protocols(source_protocol)
-    sandbox = sandbox or get_sandbox()
-    cfg = sandbox.config
-    items: list[_Item] = []
-    for i in range(n):
-        extra = extra_infos[i] if isinstance(extra_infos[i], dict) else {}
-        think = bool(extra.get("require_think", require_think))
-        code = extract_code(solution_strs[i], think)
-        problem = parse_tests(ground_truths[i], extra)
-        proto = protocol_for(None if data_sources is None else data_sources[i], table)
-        cap = proto.max_tests if max_tests is None else (max_tests or None)
-        selected = [0] if problem.kind == "script" else select_tests(problem, cap)
-        item = _Item(problem, selected, code)
-        item.test_s = float(test_timeout_s or proto.test_timeout_s or cfg.test_timeout_s)
+    Per-source defaults (test cap, per-test and per-problem limits) are not repeated here: they are the table
+    :data:`gapo.rewards.code.protocol.PROTOCOLS`, and ``None`` below means "the row's protocol" (a row without a
+    ``data_source``: :data:`~gapo.rewards.code.protocol.DEFAULT_PROTOCOL`, i.e. 15 tests and the sandbox's
+    :class:`SandboxConfig` limits). A bad value raises ``ValueError`` naming it and what is allowed.
+
+    Attributes:
+        max_tests: tests run per problem (the ones with the longest inputs), over every source's cap; ``0``: every
+            test; ``None``: the source's.
+        test_timeout_s: per-test wall-clock limit in seconds (HumanEval under a source: per recorded call), over
+            every source's; ``None``: the source's, else the sandbox's.
+        problem_timeout_s: per-problem limit over every source's; ``None``: the source's (``(test_timeout_s + 1)
+            x tests + 5``), else the sandbox's. Also the limit of HumanEval's extraction and replay runs
+            (``None``: the sandbox's ``problem_timeout_s``).
+        memory_mb: address-space limit of each test process, MiB; ``None``: the sandbox's ``memory_mb``.
+        batch_timeout_s: limit of the whole batch; problems unfinished by then score 0 with ``timeout``. ``None``:
+            the longest problem limit x the rounds the sandbox's slots need + 30 s (with HumanEval problems, plus
+            two test limits per round and one extraction limit), extended as HumanEval answers get their limits.
+        require_think: the answer must follow a closed ``<think>`` (a row's ``extra_info["require_think"]``
+            overrides it).
+        float_tol: relative and absolute tolerance of numbers whose expected value is not an integer.
+        humaneval_replay: judge HumanEval asserts of other shapes by replaying the test code on the answer's
+            values; ``False``: such problems score 0 with a reason.
+        source_protocol: ``{source: {max_tests, test_timeout_s, problem_timeout_s}}`` applied over
+            :data:`~gapo.rewards.code.protocol.PROTOCOLS` (``reward_kwargs.source_protocol``; a Hydra mapping works).
+        protocols: derived, not an argument: :data:`~gapo.rewards.code.protocol.PROTOCOLS` with
+            ``source_protocol`` applied (:func:`~gapo.rewards.code.protocol.resolve_protocols`).
+    """
+
+    max_tests: int | None = None
+    test_timeout_s: float | None = None
+    problem_timeout_s: float | None = None
+    memory_mb: int | None = None
+    batch_timeout_s: float | None = None
+    require_think: bool = False
+    float_tol: float = 1e-6
+    humaneval_replay: bool = True
+    source_protocol: Mapping | None = None
+    protocols: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # A bad global override is a config error, raised before anything runs (the messages are protocol.py's).
+        for key in ("max_tests", "test_timeout_s", "problem_timeout_s"):
+            _check_value(key, getattr(self, key))
+        object.__setattr__(self, "protocols", resolve_protocols(self.source_protocol))
+        _check_value("batch_timeout_s", self.batch_timeout_s)
+        mem = self.memory_mb
+        if mem is not None and (type(mem) is not int or mem < 1):
+            raise ValueError(f"memory_mb must be a positive integer of MiB (null: the sandbox's), got {mem!r}")
+        tol = self.float_tol
+        if type(tol) not in (int, float) or not 0 <= tol < math.inf:
+            raise ValueError(f"float_tol must be a finite number >= 0 (default 1e-6), got {tol!r}")
+        for key in ("require_think", "humaneval_replay"):
+            if type(getattr(self, key)) is not bool:
+                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+
+
+class CodeBatchScorer:
+    """Scores batches of code answers under one :class:`CodeScoringSettings`, through one sandbox.
+
+    ``score`` runs a batch in four steps, a method each:
+
+    1. ``_plan``: each row's code (the answer's last python block), tests (parsed; the protocol's selection) and
+       limits; a row without code finishes at once with ``format_error``.
+    2. ``_submit``: every problem goes to the sandbox up front, so they run in parallel over its slots:
+       stdin/stdout and function-call problems as one job of their tests; HumanEval as an extraction (shared by
+       rows with the same test code, cached across batches), then the answer's program, then a replay if needed.
+       Then the batch's deadline (``batch_timeout_s``) is set.
+    3. ``_collect``: results arrive on one queue until every problem is finished or the deadline passes; each
+       is judged here in the parent, and a problem finishes at its first failure (its other tests are stopped).
+    4. ``_close``: extractions still running are cancelled; unfinished problems score 0 with ``timeout``.
+
+    The batch's state (``_items``, ``_sink``, ``_deadline``, ...) lives on the object between those steps, so one
+    object scores one batch at a time (``score`` holds a lock); :func:`score_code_batch` builds one per call, so
+    concurrent calls (verl's reward threads) run side by side.
+
+    Args:
+        settings: the knobs (default: :class:`CodeScoringSettings` ``()``).
+        sandbox: where programs run (default: :func:`~gapo.rewards.sandbox.client.get_sandbox`'s shared one,
+            looked up at each ``score``).
+    """
+
+    def __init__(self, settings: CodeScoringSettings | None = None, sandbox: Sandbox | None = None):
+        self.settings = settings if settings is not None else CodeScoringSettings()
+        self.sandbox = sandbox
+        self._lock = threading.Lock()
+        self._reset()
+
+    def score(self, solution_strs: Sequence[str], ground_truths: Sequence, extra_infos: Sequence | None = None,
+              data_sources: Sequence | None = None) -> list[dict]:
+        """One result per answer, in order (``n = len(solution_strs)``; the other sequences have ``n`` entries).
+
+        Row ``i`` is the answer ``solution_strs[i]`` to the tests ``ground_truths[i]`` (any format
+        :func:`parse_tests` reads), with ``extra_infos[i]`` (``entry_point``/``prompt``/``func_name`` of some
+        formats, ``require_think``) and the protocol of ``data_sources[i]`` (``None``: the default protocol).
+        Its result: ``score`` (1.0 only if every selected test passed, else 0.0), ``acc``, ``pred`` (``""``),
+        ``format_error``, ``timeout``, ``passed`` / ``total`` (tests passed before stopping / tests selected; a
+        HumanEval test program counts as one), ``sandbox_error``, ``reason`` (``""`` when passed) and
+        ``isolation`` (the sandbox's). A malformed ground truth, or ``data_sources`` of another length, raises
+        ``ValueError`` before anything runs; whatever a program does costs its row only.
+        """
+        n = len(solution_strs)
+        extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
+        if data_sources is not None and len(data_sources) != n:
+            raise ValueError(f"{len(data_sources)} data_sources for {n} solutions")
+        with self._lock:
+            self._box = self.sandbox or get_sandbox()
+            try:
+                self._plan(solution_strs, ground_truths, extra_infos, data_sources)
+                self._submit()
+                self._collect()
+                self._close()
+                return [{**item.result, "isolation": self._box.isolation} for item in self._items]
+            finally:
+                self._reset()
+
+    # --- one batch's state -----------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._box: Sandbox | None = None
+        self._items: list[_Item] = []
+        self._sink: queue.Queue = queue.Queue()
+        self._extracting: dict[str, list[int]] = {}  # plan key -> rows waiting for it
+        self._extract_jobs: dict[str, object] = {}  # plan key -> its extraction job
+        self._pending = 0  # rows not finished
+        self._rounds = 1  # how many times the sandbox's slots must be filled to run every row once
+        self._deadline = 0.0  # absolute; with batch_timeout_s unset, extended as HumanEval answers get their limits
+        self._received: list[int] = []  # per row: results received
+
+    @property
+    def _helper_limit_s(self) -> float:
+        """Limit of HumanEval's extraction and replay runs (the global ``problem_timeout_s``, else the sandbox's)."""
+        return self.settings.problem_timeout_s or self._box.config.problem_timeout_s
+
+    # --- 1. plan ----------------------------------------------------------------------------------------------
+    def _plan(self, solution_strs, ground_truths, extra_infos, data_sources) -> None:
+        settings = self.settings
+        for i in range(len(solution_strs)):
+            extra = extra_infos[i] if isinstance(extra_infos[i], dict) else {}
+            think = bool(extra.get("require_think", settings.require_think))
+            code = extract_code(solution_strs[i], think)
+            problem = parse_tests(ground_truths[i], extra)
+            proto = protocol_for(None if data_sources is None else data_sources[i], settings.protocols)
+            cap = proto.max_tests if settings.max_tests is None else (settings.max_tests or None)
+            selected = [0] if problem.kind == "script" else select_tests(problem, cap)
+            item = _Item(problem, selected, code)
+            self._set_limits(item, proto)
+            self._items.append(item)
+            if code is None:
+                item.done = True
+                item.result = _result(False, format_error=True, total=len(selected),
+                                      reason=_format_reason(solution_strs[i], think))
+        self._pending = sum(not item.done for item in self._items)
+        self._rounds = math.ceil(max(self._pending, 1) / self._box.config.slots)
+        self._received = [0] * len(self._items)
+
+    def _set_limits(self, item: _Item, proto) -> None:
+        """The row's per-test and per-problem limits: the global setting, else the protocol's, else the sandbox's."""
+        settings, cfg = self.settings, self._box.config
+        item.proto = proto
+        item.test_s = float(settings.test_timeout_s or proto.test_timeout_s or cfg.test_timeout_s)
         # HumanEval(+) under a source's protocol: the limit is per recorded call (known after extraction).
-        item.per_call = problem.kind == "script" and proto.test_timeout_s is not None
-        if problem_timeout_s or proto.problem_timeout_s:
-            item.problem_s = float(problem_timeout_s or proto.problem_timeout_s)
+        item.per_call = item.problem.kind == "script" and proto.test_timeout_s is not None
+        if settings.problem_timeout_s or proto.problem_timeout_s:
+            item.problem_s = float(settings.problem_timeout_s or proto.problem_timeout_s)
         elif proto.test_timeout_s is None:  # no source: the sandbox's own limit, as before the protocol table
             item.problem_s = float(cfg.problem_timeout_s)
         elif not item.per_call:
-            item.problem_s = proto.problem_budget(len(selected), item.test_s)
-        item.proto = proto
-        items.append(item)
-        if code is None:
-            item.done = True
-            item.result = _result(False, format_error=True, total=len(selected),
-                                  reason=_format_reason(solution_strs[i], think))
-    sink: queue.Queue = queue.Queue()
-    extracting: dict[str, list[int]] = {}  # plan key -> items waiting for it
-    extract_jobs: dict[str, object] = {}
-    pending = [sum(not item.done for item in items)]
-    rounds = math.ceil(max(pending[0], 1) / cfg.slots)
-    deadline = [0.0]  # absolute; with batch_timeout_s unset, extended as HumanEval answers get their limits
+            item.problem_s = proto.problem_budget(len(item.selected), item.test_s)
 
-    def extend_deadline(problem_s: float) -> None:
-        if batch_timeout_s is None:
-            deadline[0] = max(deadline[0], time.monotonic() + problem_s * rounds + 30.0)
+    # --- 2. submit --------------------------------------------------------------------------------------------
+    def _submit(self) -> None:
+        for i, item in enumerate(self._items):
+            if item.done:
+                continue
+            if item.problem.kind == "script":
+                self._start_extraction(i)
+            else:
+                self._submit_tests(i)
+        self._set_deadline()
 
-    def finish(i: int, ok: bool, reason: str = "", **kw) -> None:
-        it = items[i]
-        if it.done:
-            return
-        pending[0] -= 1
-        if it.job is not None and not ok:
-            it.job.cancel()
-        it.done = True
-        total = len(it.selected)
-        it.result = _result(ok, reason=reason, passed=total if ok else it.passed, total=total, **kw)
-
-    def start_answer(i: int) -> None:
-        it = items[i]
-        plan = it.plan
-        if plan.error:
-            finish(i, False, plan.error)
-            return
-        if plan.sites and not humaneval_replay:
-            finish(i, False, "the test has asserts that only a replay can judge (humaneval_replay=False)")
-            return
-        program = build_program(it.problem, it.code)
-        cap = _result_cap(plan.expected_bytes, len(plan.calls), plan.open_calls, cfg)
-        test_s, problem_s = it.test_s, it.problem_s
-        if it.per_call:  # rllm's humanevalplus_check_correctness: 1 s x the test inputs, for the whole program
-            test_s = it.test_s * max(1, len(plan.calls))
-            problem_s = problem_s or test_s
-        extend_deadline(problem_s)
-        it.job = sandbox.submit(program, ["[" + ",".join(plan.calls) + "]"], output_caps=[cap], sink=sink,
-                                tag=("answer", i), test_timeout_s=test_s, problem_timeout_s=max(problem_s, test_s),
-                                memory_mb=memory_mb)
-
-    def start_extraction(i: int) -> None:
-        it = items[i]
-        it.key = plan_key(it.problem)
-        it.plan = _cached_plan(it.key)
-        if it.plan is not None:
-            start_answer(i)
-            return
-        waiting = extracting.setdefault(it.key, [])
-        waiting.append(i)
-        if len(waiting) == 1:
-            job = json.dumps({"mode": "discover", "prompt": it.problem.prompt, "test": it.problem.test_code,
-                              "entry": it.problem.entry_point})
-            lim = problem_timeout_s or cfg.problem_timeout_s
-            extract_jobs[it.key] = sandbox.submit(EXTRACTOR, [job], output_caps=[cfg.max_output_bytes], sink=sink,
-                                                  tag=("extract", it.key), test_timeout_s=lim,
-                                                  problem_timeout_s=lim, memory_mb=memory_mb)
-
-    for i, item in enumerate(items):
-        if item.done:
-            continue
+    def _submit_tests(self, i: int) -> None:
+        """A stdin/stdout or function-call problem: one job running its selected tests."""
+        item, cfg = self._items[i], self._box.config
         p = item.problem
-        if p.kind == "script":
-            start_extraction(i)
-            continue
         try:
             if p.kind == "stdio":
                 inputs = [p.inputs[j] for j in item.selected]
@@ -590,93 +660,204 @@ def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extr
                 inputs = [json.dumps([[_tag(p.inputs[j]), {"d": []}]]) for j in item.selected]
                 caps = [_result_cap(len(json.dumps(p.outputs[j], default=str)), 1, 0, cfg) for j in item.selected]
         except (ValueError, TypeError, RecursionError) as exc:
-            finish(i, False, f"unusable test inputs: {exc}")
-            continue
+            self._finish(i, False, f"unusable test inputs: {exc}")
+            return
         if not inputs:  # a problem without tests cannot be verified: it scores 0
-            finish(i, False, "no tests")
-            continue
-        item.job = sandbox.submit(build_program(p, item.code), inputs, output_caps=caps, sink=sink, tag=("test", i),
-                                  test_timeout_s=item.test_s, problem_timeout_s=item.problem_s, memory_mb=memory_mb)
-    if batch_timeout_s is None:
-        live = [it for it in items if not it.done]
-        longest = max([it.problem_s for it in live if it.problem_s] + [problem_timeout_s or cfg.problem_timeout_s])
-        budget = longest * rounds + 30.0
+            self._finish(i, False, "no tests")
+            return
+        item.job = self._box.submit(build_program(p, item.code), inputs, output_caps=caps, sink=self._sink,
+                                    tag=("test", i), test_timeout_s=item.test_s, problem_timeout_s=item.problem_s,
+                                    memory_mb=self.settings.memory_mb)
+
+    def _start_extraction(self, i: int) -> None:
+        """HumanEval: the row's plan from the cache, else from an extraction run (one per distinct test code)."""
+        item = self._items[i]
+        item.key = plan_key(item.problem)
+        item.plan = _cached_plan(item.key)
+        if item.plan is not None:
+            self._start_answer(i)
+            return
+        waiting = self._extracting.setdefault(item.key, [])
+        waiting.append(i)
+        if len(waiting) == 1:
+            job = json.dumps({"mode": "discover", "prompt": item.problem.prompt, "test": item.problem.test_code,
+                              "entry": item.problem.entry_point})
+            self._extract_jobs[item.key] = self._run_extractor(job, ("extract", item.key),
+                                                               self._box.config.max_output_bytes)
+
+    def _start_answer(self, i: int) -> None:
+        """HumanEval, once the plan is known: the answer's program on the recorded calls (or the row's verdict)."""
+        item, cfg = self._items[i], self._box.config
+        plan = item.plan
+        if plan.error:
+            self._finish(i, False, plan.error)
+            return
+        if plan.sites and not self.settings.humaneval_replay:
+            self._finish(i, False, "the test has asserts that only a replay can judge (humaneval_replay=False)")
+            return
+        program = build_program(item.problem, item.code)
+        cap = _result_cap(plan.expected_bytes, len(plan.calls), plan.open_calls, cfg)
+        test_s, problem_s = item.test_s, item.problem_s
+        if item.per_call:  # rllm's humanevalplus_check_correctness: 1 s x the test inputs, for the whole program
+            test_s = item.test_s * max(1, len(plan.calls))
+            problem_s = problem_s or test_s
+        self._extend_deadline(problem_s)
+        item.job = self._box.submit(program, ["[" + ",".join(plan.calls) + "]"], output_caps=[cap], sink=self._sink,
+                                    tag=("answer", i), test_timeout_s=test_s,
+                                    problem_timeout_s=max(problem_s, test_s), memory_mb=self.settings.memory_mb)
+
+    def _run_extractor(self, job: str, tag: tuple, cap: int):
+        """The trusted extraction program (without the answer) on ``job``: an extraction or a replay."""
+        lim = self._helper_limit_s
+        return self._box.submit(EXTRACTOR, [job], output_caps=[cap], sink=self._sink, tag=tag, test_timeout_s=lim,
+                                problem_timeout_s=lim, memory_mb=self.settings.memory_mb)
+
+    def _set_deadline(self) -> None:
+        """``batch_timeout_s`` from now; unset: the budget in :class:`CodeScoringSettings` ``.batch_timeout_s``."""
+        if self.settings.batch_timeout_s is not None:
+            self._deadline = time.monotonic() + self.settings.batch_timeout_s
+            return
+        live = [it for it in self._items if not it.done]
+        longest = max([it.problem_s for it in live if it.problem_s] + [self._helper_limit_s])
+        budget = longest * self._rounds + 30.0
         if any(it.problem.kind == "script" for it in live):  # extraction and replay, besides the answer
-            lim = problem_timeout_s or cfg.problem_timeout_s
-            budget += 2 * max(it.test_s for it in live) * rounds + lim
-        deadline[0] = max(deadline[0], time.monotonic() + budget)
-    else:
-        deadline[0] = time.monotonic() + batch_timeout_s
-    received = [0] * n
-    while pending[0]:
-        try:
-            (stage, ref), idx, res = sink.get(timeout=max(0.0, deadline[0] - time.monotonic()))
-        except queue.Empty:
-            break
-        if stage == "extract":
-            extract_jobs.pop(ref, None)
-            plan, keep = read_plan(res)
-            if keep:
-                _cache_plan(ref, plan, len(res.stdout))
-            for i in extracting.pop(ref, []):
-                items[i].plan = plan
-                try:
-                    start_answer(i)
-                except Exception as exc:  # noqa: BLE001 - e.g. an answer that cannot be put in a program
-                    finish(i, False, f"judge error: {type(exc).__name__}")
-            continue
-        i = ref
-        item = items[i]
-        received[i] += 1
+            budget += 2 * max(it.test_s for it in live) * self._rounds + self._helper_limit_s
+        self._deadline = max(self._deadline, time.monotonic() + budget)
+
+    def _extend_deadline(self, problem_s: float) -> None:
+        if self.settings.batch_timeout_s is None:
+            self._deadline = max(self._deadline, time.monotonic() + problem_s * self._rounds + 30.0)
+
+    # --- 3. collect and judge ---------------------------------------------------------------------------------
+    def _collect(self) -> None:
+        while self._pending:
+            try:
+                (stage, ref), idx, res = self._sink.get(timeout=max(0.0, self._deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if stage == "extract":
+                self._on_extraction(ref, res)
+                continue
+            i = ref
+            self._received[i] += 1
+            if self._items[i].done:
+                continue
+            try:
+                if stage == "test":
+                    self._on_test(i, idx, res)
+                elif stage == "answer":
+                    self._on_answer(i, res)
+                elif stage == "replay":
+                    self._on_replay(i, res)
+            except Exception as exc:  # noqa: BLE001 - a hostile output must cost its item, never the batch
+                self._finish(i, False, f"unreadable result: {type(exc).__name__}: {str(exc)[:200]}")
+
+    def _on_extraction(self, key: str, res: RunResult) -> None:
+        self._extract_jobs.pop(key, None)
+        plan, keep = read_plan(res)
+        if keep:
+            _cache_plan(key, plan, len(res.stdout))
+        for i in self._extracting.pop(key, []):
+            self._items[i].plan = plan
+            try:
+                self._start_answer(i)
+            except Exception as exc:  # noqa: BLE001 - e.g. an answer that cannot be put in a program
+                self._finish(i, False, f"judge error: {type(exc).__name__}")
+
+    def _on_test(self, i: int, idx: int, res: RunResult) -> None:
+        """Test ``idx`` of row ``i`` (``idx < 0``: the job itself failed); the first failure decides."""
+        item = self._items[i]
+        total = len(item.selected)
+        if idx >= 0:
+            reason = _judge_test(item, idx, res, self.settings.float_tol)
+        else:
+            reason = _run_reason(res) or "sandbox error"
+        if not reason:
+            item.passed += 1
+            if item.passed == total:
+                self._finish(i, True)
+            return
+        # First failure decides: stop the problem's other tests.
+        if res.status == "skipped" and self._received[i] < total:
+            return  # a sibling's failure (reported separately) stopped this one; wait for that report
+        self._fail(i, reason, res)
+
+    def _on_answer(self, i: int, res: RunResult) -> None:
+        """HumanEval: the answer's results against the plan's checks, then the replay if asserts need it."""
+        item = self._items[i]
+        if not res.exited_ok:
+            self._fail(i, _run_reason(res) or "failed", res)
+            return
+        results = read_results(res.stdout, len(item.plan.calls))
+        reason = judge_script(item.plan, results)
+        if reason or not item.plan.sites:
+            self._finish(i, not reason, reason)
+            return
+        replay = json.dumps({"mode": "replay", "prompt": item.problem.prompt, "test": item.problem.test_code,
+                             "entry": item.problem.entry_point,
+                             "outputs": [[c, r[1]] for c, r in zip(item.plan.calls, results)]})
+        item.job = self._run_extractor(replay, ("replay", i), RESULT_CAP_BASE)
+
+    def _on_replay(self, i: int, res: RunResult) -> None:
+        if not res.exited_ok:
+            self._fail(i, "replay of the test failed: " + (_run_reason(res) or "failed"), res)
+            return
+        text = res.stdout.decode("utf-8", errors="replace").rstrip()
+        verdict = json.loads(text[text.rfind("\n") + 1:])
+        ok = type(verdict) is dict and verdict.get("ok") is True
+        self._finish(i, ok, "" if ok else str(verdict.get("error", "replay failed"))[:300])
+
+    def _fail(self, i: int, reason: str, res: RunResult) -> None:
+        self._finish(i, False, reason, timeout=res.status == "timeout", sandbox_error=res.status == "error")
+
+    def _finish(self, i: int, ok: bool, reason: str = "", **kw) -> None:
+        """Row ``i``'s result (once); a failure stops what it still has running."""
+        item = self._items[i]
         if item.done:
-            continue
-        try:
-            if stage == "test":
-                total = len(item.selected)
-                reason = _judge_test(item, idx, res, float_tol) if idx >= 0 else _run_reason(res) or "sandbox error"
-                if not reason:
-                    item.passed += 1
-                    if item.passed == total:
-                        finish(i, True)
-                    continue
-                # First failure decides: stop the problem's other tests.
-                if res.status == "skipped" and received[i] < total:
-                    continue  # a sibling's failure (reported separately) stopped this one; wait for that report
-                finish(i, False, reason, timeout=res.status == "timeout", sandbox_error=res.status == "error")
-            elif stage == "answer":
-                if not res.exited_ok:
-                    finish(i, False, _run_reason(res) or "failed", timeout=res.status == "timeout",
-                           sandbox_error=res.status == "error")
-                    continue
-                results = read_results(res.stdout, len(item.plan.calls))
-                reason = judge_script(item.plan, results)
-                if reason or not item.plan.sites:
-                    finish(i, not reason, reason)
-                    continue
-                replay = json.dumps({"mode": "replay", "prompt": item.problem.prompt, "test": item.problem.test_code,
-                                     "entry": item.problem.entry_point,
-                                     "outputs": [[c, r[1]] for c, r in zip(item.plan.calls, results)]})
-                lim = problem_timeout_s or cfg.problem_timeout_s
-                item.job = sandbox.submit(EXTRACTOR, [replay], output_caps=[RESULT_CAP_BASE], sink=sink,
-                                          tag=("replay", i), test_timeout_s=lim, problem_timeout_s=lim,
-                                          memory_mb=memory_mb)
-            elif stage == "replay":
-                if not res.exited_ok:
-                    finish(i, False, "replay of the test failed: " + (_run_reason(res) or "failed"),
-                           timeout=res.status == "timeout", sandbox_error=res.status == "error")
-                    continue
-                text = res.stdout.decode("utf-8", errors="replace").rstrip()
-                verdict = json.loads(text[text.rfind("\n") + 1:])
-                ok = type(verdict) is dict and verdict.get("ok") is True
-                finish(i, ok, "" if ok else str(verdict.get("error", "replay failed"))[:300])
-        except Exception as exc:  # noqa: BLE001 - a hostile output must cost its item, never the batch
-            finish(i, False, f"unreadable result: {type(exc).__name__}: {str(exc)[:200]}")
-    for job in extract_jobs.values():
-        job.cancel()
-    for i, item in enumerate(items):
-        if not item.done:
-            finish(i, False, "batch time limit reached", timeout=True)
-    return [{**item.result, "isolation": sandbox.isolation} for item in items]
+            return
+        self._pending -= 1
+        if item.job is not None and not ok:
+            item.job.cancel()
+        item.done = True
+        total = len(item.selected)
+        item.result = _result(ok, reason=reason, passed=total if ok else item.passed, total=total, **kw)
+
+    # --- 4. close ---------------------------------------------------------------------------------------------
+    def _close(self) -> None:
+        for job in self._extract_jobs.values():
+            job.cancel()
+        for i, item in enumerate(self._items):
+            if not item.done:
+                self._finish(i, False, "batch time limit reached", timeout=True)
+
+
+def score_code_batch(solution_strs: Sequence[str], ground_truths: Sequence, extra_infos: Sequence | None = None, *,
+                     data_sources: Sequence | None = None, max_tests: int | None = None,
+                     test_timeout_s: float | None = None, problem_timeout_s: float | None = None,
+                     memory_mb: int | None = None, batch_timeout_s: float | None = None,
+                     require_think: bool = CodeScoringSettings.require_think,
+                     float_tol: float = CodeScoringSettings.float_tol,
+                     humaneval_replay: bool = CodeScoringSettings.humaneval_replay,
+                     source_protocol: Mapping | None = None, sandbox: Sandbox | None = None) -> list[dict]:
+    """Score many answers at once: :meth:`CodeBatchScorer.score` under the :class:`CodeScoringSettings` that the
+    keywords make (each is the field of that name; a bad one raises ``ValueError`` naming it, before anything
+    runs), through ``sandbox`` (default: the shared one).
+
+    Every problem is submitted up front and runs in parallel over the sandbox's slots; the whole call returns
+    within ``batch_timeout_s`` (default: the longest problem limit times the number of rounds the slots need,
+    plus 30 s, plus two test limits per round for HumanEval's extra steps); unfinished problems score 0 with
+    ``timeout``. A malformed ground truth raises ``ValueError``; whatever a program does, its item scores 0 with
+    a ``reason``, never an exception.
+
+    Each row is tested under its ``data_sources`` entry's protocol (:mod:`gapo.rewards.code.protocol`: test
+    cap, per-test and per-problem limits), with ``source_protocol`` (``{source: {key: value}}``) applied over
+    the table; without ``data_sources``, DeepCoder's default cap (15) and the sandbox's limits. ``max_tests``
+    (0: every test), ``test_timeout_s`` and ``problem_timeout_s``, when given, override every source's."""
+    settings = CodeScoringSettings(max_tests=max_tests, test_timeout_s=test_timeout_s,
+                                   problem_timeout_s=problem_timeout_s, memory_mb=memory_mb,
+                                   batch_timeout_s=batch_timeout_s, require_think=require_think, float_tol=float_tol,
+                                   humaneval_replay=humaneval_replay, source_protocol=source_protocol)
+    return CodeBatchScorer(settings, sandbox).score(solution_strs, ground_truths, extra_infos, data_sources)
 
 
 def compute_code_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs) -> list[dict]:
@@ -688,10 +869,12 @@ def compute_code_score_batch(data_sources, solution_strs, ground_truths, extra_i
 def compute_code_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     """verl's custom-reward signature: one answer; thread-safe (verl's reward loop calls it from threads).
 
-    Keyword arguments (``reward_kwargs``): ``source_protocol`` (``{source: {max_tests, test_timeout_s,
-    problem_timeout_s}}`` over :data:`gapo.rewards.code.protocol.PROTOCOLS`); ``max_tests`` (0: every test),
-    ``test_timeout_s``, ``problem_timeout_s`` (each, when set, overrides every source's), ``memory_mb``
-    (default: :class:`SandboxConfig`), ``require_think``, ``float_tol``, ``humaneval_replay`` (True), ``sandbox``.
+    Keyword arguments (``reward_kwargs``: the fields of :class:`CodeScoringSettings`, and ``sandbox``):
+    ``source_protocol`` (``{source: {max_tests, test_timeout_s, problem_timeout_s}}`` over
+    :data:`gapo.rewards.code.protocol.PROTOCOLS`); ``max_tests`` (0: every test), ``test_timeout_s``,
+    ``problem_timeout_s`` (each, when set, overrides every source's), ``memory_mb`` (default:
+    :class:`SandboxConfig`), ``batch_timeout_s``, ``require_think``, ``float_tol``, ``humaneval_replay`` (True),
+    ``sandbox``.
     Returns ``score`` (1.0 / 0.0), ``acc``, ``format_error`` (no code block, or truncated thought),
     ``timeout``, ``passed`` / ``total`` (tests passed before stopping / tests selected; a HumanEval test
     program counts as one), ``sandbox_error``, ``reason`` (``""`` when passed).
@@ -699,6 +882,7 @@ def compute_code_score(data_source, solution_str, ground_truth, extra_info=None,
     return score_code_batch([solution_str], [ground_truth], [extra_info], data_sources=[data_source], **kwargs)[0]
 
 
-__all__ = ["CODE_SOURCES", "RESULT_KEYS", "CodeProblem", "Plan", "build_program", "check_passes",
-           "compute_code_score", "compute_code_score_batch", "extract_code", "fenced_blocks", "parse_tests",
-           "read_results", "score_code_batch", "select_tests", "stdout_matches", "values_match"]
+__all__ = ["CODE_SOURCES", "RESULT_KEYS", "CodeBatchScorer", "CodeProblem", "CodeScoringSettings", "Plan",
+           "build_program", "check_passes", "compute_code_score", "compute_code_score_batch", "extract_code",
+           "fenced_blocks", "parse_tests", "read_results", "score_code_batch", "select_tests", "stdout_matches",
+           "values_match"]
