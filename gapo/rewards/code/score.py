@@ -315,6 +315,7 @@ class Plan:
 
     @property
     def open_calls(self) -> int:
+        """Calls whose result no recorded check bounds (each adds RESULT_CAP_PER_OPEN_CALL to the result cap)."""
         return len(self.calls) - len({c[1] for c in self.checks})
 
 
@@ -325,6 +326,7 @@ _CHECK_ARITY = {"eq": 5, "is": 4, "close": 6, "plus": 6}
 
 
 def plan_key(problem: CodeProblem) -> str:
+    """Cache key of a problem's extraction plan: sha256 over its prompt, test code and entry point."""
     h = hashlib.sha256()
     for part in (problem.prompt, problem.test_code, problem.entry_point or ""):
         h.update(part.encode("utf-8", errors="surrogatepass"))

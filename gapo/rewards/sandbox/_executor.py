@@ -75,6 +75,7 @@ DRAIN_POLL_S = 0.002  # while a slot is being emptied, look again this often
 
 
 def send(obj) -> None:
+    """Write one length-prefixed ``marshal`` frame to stdout, the client's pipe."""
     data = marshal.dumps(obj)
     process.write_all(1, FRAME.pack(len(data)))
     process.write_all(1, data)
@@ -84,6 +85,8 @@ class Run:
     """One test process: its pipes, buffers, deadline and outcome."""
 
     def __init__(self, group, idx: int, slot: int):
+        """Test ``idx`` of ``group`` on ``slot``; its clock starts now: the deadline is the earlier of
+        ``test_timeout_s`` from now and the group's ``problem_timeout_s``; its stdout cap is the input's."""
         self.group, self.idx, self.slot = group, idx, slot
         self.pid = 0
         self.start = time.monotonic()
@@ -103,6 +106,8 @@ class Group:
     """One problem: its program, test inputs, limits, and which tests are pending/running/reported."""
 
     def __init__(self, gid, program: bytes, inputs, limits: dict):
+        """``inputs``: ``(stdin bytes, stdout cap)`` per test; ``limits``: timeouts, memory and file limits of every
+        test (the client's ``SandboxConfig.limits``)."""
         self.gid, self.program, self.inputs, self.limits = gid, program, inputs, limits
         self.next = 0
         self.running: set[Run] = set()
@@ -112,16 +117,23 @@ class Group:
         self.on_result = None  # internal groups (the probe) get a callback instead of a frame
 
     def deadline_from(self, now: float) -> float:
+        """The problem's deadline: ``problem_timeout_s`` after its first test's start (``now`` if none started)."""
         if self.first_start is None:
             self.first_start = now
         return self.first_start + self.limits["problem_timeout_s"]
 
     def pending(self) -> bool:
+        """Whether tests remain to be started (not stopped, not all started)."""
         return not self.stopped and self.next < len(self.inputs)
 
 
 class Executor:
+    """The executor's state and loop: free slots, queued groups, running tests, slots being emptied, and the
+    isolation in use (``cgroup_v2``, ``cgroup_v1`` or ``rlimits``; see the module docstring)."""
+
     def __init__(self, cfg: dict):
+        """Claim the slots' uids (as root), create the slot cgroups (or fall back to rlimits) and build the launch
+        command from ``cfg``, the client's JSON config (mode, slots, limits, cgroup settings)."""
         self.cfg = cfg
         self.sandboxed = cfg["mode"] == "bwrap"
         self.root = os.geteuid() == 0
@@ -163,6 +175,8 @@ class Executor:
         return self.uids[slot]
 
     def start_run(self, group: Group, slot: int) -> None:
+        """Start ``group``'s next test on ``slot``: the program in a memfd, pipes for stdout and stderr, and a launcher
+        child (on v2 born in the slot's cgroup by clone3) that applies the limits and uid and execs the sandbox."""
         idx = group.next
         group.next += 1
         run = Run(group, idx, slot)
@@ -223,6 +237,8 @@ class Executor:
         os.close(fd)
 
     def on_output(self, run: Run, which: str) -> None:
+        """Read what ``run`` wrote on stdout or stderr (``which``): stderr keeps its last ``stderr_bytes``; stdout
+        past the run's cap kills it (``output_limit``). End of file closes the pipe and may finish the run."""
         fd = run.out_fd if which == "out" else run.err_fd
         try:
             data = os.read(fd, READ_CHUNK)
@@ -248,6 +264,7 @@ class Executor:
             self.maybe_finish(run)
 
     def on_stdin_frames(self) -> None:
+        """Read the client's bytes and handle each complete frame; end of file marks stdin closed (the loop ends)."""
         try:
             data = os.read(0, 1 << 20)
         except BlockingIOError:
@@ -266,6 +283,7 @@ class Executor:
             self.handle(msg)
 
     def handle(self, msg) -> None:
+        """A client message: ``("run", gid, program, inputs, limits)`` queues a group, ``("cancel", gid)`` stops it."""
         kind = msg[0]
         if kind == "run":
             _, gid, program, inputs, limits = msg
@@ -277,6 +295,7 @@ class Executor:
 
     # ----- groups and runs ---------------------------------------------------------------------
     def add_group(self, group: Group) -> None:
+        """Register and queue a group (one without tests is dropped: nothing to report)."""
         self.groups[group.gid] = group
         if not group.inputs:
             self.groups.pop(group.gid)
@@ -296,6 +315,7 @@ class Executor:
             self.kill(run, "skipped")
 
     def kill(self, run: Run, reason: str) -> None:
+        """SIGKILL ``run``'s process group and, with cgroups, all of its slot; the first ``reason`` is reported."""
         if not run.reason:
             run.reason = reason
         if run.exit_status is None:
@@ -304,6 +324,8 @@ class Executor:
             self.cg.kill(run.slot)  # the slot is this run's alone: its setsid() children too, at once
 
     def reap(self) -> None:
+        """Reap every exited child: a launcher's status finishes its run, a cleaner's exit releases its slot (or retries
+        it), anything else is an orphan of a sandbox re-parented to this subreaper."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -325,6 +347,8 @@ class Executor:
             # anything else: an orphan of a sandbox, re-parented to us (subreaper); now reaped
 
     def maybe_finish(self, run: Run, force: bool = False) -> None:
+        """``run``'s result, once it exited and its pipes are closed (``force``: close them now). A failed or killed run
+        stops its group; the result is reported only once the slot is empty (``settle``)."""
         if run.result is not None or run.exit_status is None:
             return
         if not force and (run.out_fd >= 0 or run.err_fd >= 0):
@@ -393,14 +417,17 @@ class Executor:
         return bool(self.draining)
 
     def spawn_cleaner(self, slot: int, runs: list[Run]) -> None:
+        """Fork a cleaner that kills every process of the slot's uid; ``runs`` are reported once it succeeds."""
         self.cleaners[process.fork_cleaner(self._uid(slot))] = (slot, runs)
 
     def release(self, slot: int, runs: list[Run]) -> None:
+        """Report ``runs`` and give their (empty) slot back."""
         for run in runs:
             self.report(run.group, run.idx, run.result)
         self.free_slots.append(slot)
 
     def report(self, group: Group, idx: int, result: dict) -> None:
+        """Send test ``idx``'s result (or pass it to the group's callback); a group ends once all are reported."""
         group.reported += 1
         if group.on_result is not None:
             group.on_result(idx, result)
@@ -410,6 +437,7 @@ class Executor:
             self.groups.pop(group.gid, None)
 
     def schedule(self) -> None:
+        """Start queued tests on the free slots, groups in FIFO order (a group's tests run in parallel)."""
         self.queue = [g for g in self.queue if g.pending()]
         while self.free_slots and self.queue:
             group = self.queue[0]
@@ -450,6 +478,8 @@ class Executor:
 
     # ----- main loop ---------------------------------------------------------------------------
     def loop(self, until=None) -> None:
+        """The event loop: schedule, enforce deadlines, wait for child exits, client frames and test output, reap.
+        Returns once ``until()`` is true or, without ``until``, once the client closed stdin."""
         while True:
             self.schedule()
             if until is not None and until():
@@ -514,6 +544,8 @@ class Executor:
         return info
 
     def shutdown(self) -> None:
+        """Kill every run and leave nothing behind (within about 5 s): empty and remove the slot cgroups, or run a
+        cleaner per slot uid, or kill the re-parented orphans."""
         for run in list(self.runs_by_pid.values()):
             self.kill(run, "skipped")
         end = time.monotonic() + 5.0
@@ -549,6 +581,8 @@ class Executor:
 
 
 def main() -> None:
+    """Entry point (``python -I -S _executor.py CONFIG_JSON``): become a child subreaper, probe the sandbox and send
+    ``("hello", probe)``, serve the client until it closes stdin, and shut down whatever happens."""
     cfg = json.loads(sys.argv[1])
     process.prctl(process.PR_SET_CHILD_SUBREAPER, 1)
     rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -69,6 +69,8 @@ class Cgroups:
     one of memory, cpu, pids (v2: a single one holds all three; v1: usually one per controller)."""
 
     def __init__(self, version: int, parents: dict, slots: int, name: str | None = None):
+        """Nothing is created before :meth:`setup`. ``parents``: controller -> the directory the executor's group goes
+        in; ``slots``: slot groups; ``name``: the executor's group (default ``gapo-sandbox-<pid>``)."""
         self.version = version
         self.name = name or f"{CG_PREFIX}{os.getpid()}"
         self.parents = dict(parents)  # controller -> the directory the group is created in
@@ -80,6 +82,7 @@ class Cgroups:
         self.fds: dict[int, int] = {}
 
     def slot_dir(self, controller: str, slot: int) -> str:
+        """A slot's cgroup directory in the hierarchy that holds ``controller``."""
         return os.path.join(self.bases[controller], f"slot{slot}")
 
     def join_files(self, slot: int) -> list[str]:
@@ -101,6 +104,8 @@ class Cgroups:
         return self.fds[slot]
 
     def setup(self, memory_bytes: int, cpus: float, pids: int) -> None:
+        """Create the executor's group and one group per slot with its limits (stale groups of dead executors swept
+        first); on any error, remove what was created and raise."""
         try:
             for d in self.dirs:
                 _sweep_stale(os.path.dirname(d))
@@ -142,6 +147,7 @@ class Cgroups:
         self.memory[slot] = memory_bytes
 
     def procs(self, slot: int) -> list[int]:
+        """Pids in the slot's cgroup (``cgroup.procs``)."""
         text = _cg_read(os.path.join(self.slot_dir("pids", slot), "cgroup.procs"))
         return [int(x) for x in text.split()]
 
@@ -174,6 +180,7 @@ class Cgroups:
         self.created = []
 
     def describe(self) -> dict:
+        """The groups in use (version, directories), for the executor's probe."""
         return {"version": self.version, "dirs": self.dirs, "bases": dict(self.bases)}
 
 

@@ -187,6 +187,7 @@ class SandboxConfig:
         return (int(memory_mb or self.memory_mb) + self.tmpfs_mb + 64) << 20
 
     def limits(self, test_timeout_s=None, problem_timeout_s=None, memory_mb=None) -> dict:
+        """The limits sent with a group of tests: this config's, each replaced by the argument when one is given."""
         return {
             "test_timeout_s": float(test_timeout_s or self.test_timeout_s),
             "problem_timeout_s": float(problem_timeout_s or self.problem_timeout_s),
@@ -214,6 +215,7 @@ class RunResult:
 
     @property
     def exited_ok(self) -> bool:
+        """True when the test ran to its end and exited 0."""
         return self.status == "ok" and self.exit_code == 0
 
 
@@ -222,6 +224,7 @@ class Job:
     set once all ``n`` are there (each sent by the executor only when its slot was empty)."""
 
     def __init__(self, sandbox: Sandbox, gid: int, n: int, sink: queue.Queue, tag):
+        """A job of ``n`` tests, id ``gid`` in ``sandbox``; its results go to ``sink`` tagged ``tag``."""
         self._sandbox, self.gid, self.n, self.sink, self.tag = sandbox, gid, n, sink, tag
         self.received = 0
         self.done = threading.Event()
@@ -242,6 +245,7 @@ class Sandbox:
     """Client of one executor process; start it lazily, share it across threads."""
 
     def __init__(self, config: SandboxConfig | None = None):
+        """Nothing starts before :meth:`start`; ``config`` defaults to ``SandboxConfig()``."""
         self.config = config or SandboxConfig()
         self.mode: str | None = None  # "bwrap" or "unsandboxed" once started
         self.probe: dict = {}  # what the executor found at start (isolation, isolation_note, cgroup, uids...)
