@@ -15,6 +15,8 @@ Parser tests need no sandbox; the others skip where bubblewrap cannot work.
 import json
 import random
 import re
+import signal
+import warnings
 
 import pytest
 
@@ -524,6 +526,61 @@ def test_a_signal_the_program_ignores_or_handles_is_its_own_business(box):
                "os.kill(os.getpid(), signal.SIGTERM)\nprint(int(input()) ** 2)\n")
     (out,) = _score_all(box, [handled], gt)
     assert out["score"] == 1.0, out
+
+
+# A trainer started under `nohup` (SIGHUP ignored), or from a thread that blocks signals, passes both to its
+# children through fork and exec. Before the launcher reset them, a program that printed the right answer and
+# then SIGHUPed itself exited 0 under nohup and scored 1.0 (found in CI, reproduced with `nohup python ...`).
+PARENT_IGNORES = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+PARENT_BLOCKS = {signal.SIGUSR1, signal.SIGALRM, signal.SIGHUP}
+
+
+@pytest.fixture(scope="module", params=["bwrap", "unsandboxed"])
+def box_of_a_nohup_parent(request):
+    """A sandbox started while this process ignores and blocks signals: its executor inherits both. Also
+    unsandboxed (no bwrap between the launcher and the program, so nothing else resets the mask)."""
+    extra = {"bwrap": "/nonexistent/bwrap", "allow_unsandboxed": True} if request.param == "unsandboxed" else {}
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in PARENT_IGNORES}
+    saved_mask = signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_BLOCKS)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the unsandboxed variant warns, by design
+            sandbox = started_sandbox(SandboxConfig(test_timeout_s=3.0, problem_timeout_s=8.0, memory_mb=512,
+                                                    **extra))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    yield sandbox
+    sandbox.close()
+
+
+def _signal_set(status: str, field: str) -> set[int]:
+    """The signal numbers of one ``/proc/PID/status`` mask line (``SigIgn``, ``SigBlk``: hex, bit N-1 = signal N)."""
+    mask = int(re.search(rf"^{field}:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+def test_the_program_starts_with_default_signals_whatever_its_parent_ignores(box_of_a_nohup_parent):
+    """What the executor inherited (checked first: else this proves nothing) does not reach the program: nothing
+    blocked, nothing ignored but what Python itself ignores at start-up (SIGPIPE, SIGXFSZ)."""
+    executor = open(f"/proc/{box_of_a_nohup_parent._proc.pid}/status").read()
+    assert set(PARENT_IGNORES) - {signal.SIGTERM} <= _signal_set(executor, "SigIgn")  # it resets SIGTERM itself
+    assert PARENT_BLOCKS <= _signal_set(executor, "SigBlk")
+    (res,) = box_of_a_nohup_parent.run("print(open('/proc/self/status').read())\n", [""])
+    assert res.exited_ok, res
+    status = res.stdout.decode()
+    assert _signal_set(status, "SigBlk") == set()
+    assert _signal_set(status, "SigIgn") <= {signal.SIGPIPE, signal.SIGXFSZ}, status
+
+
+@pytest.mark.parametrize("how", sorted(SELF_KILLS))
+def test_killing_itself_scores_zero_when_the_trainer_ignores_signals(box_of_a_nohup_parent, how):
+    gt = json.dumps({"inputs": ["3\n"], "outputs": ["9\n"]})
+    body = f"import os, signal, sys\nprint(int(input()) ** 2, flush=True)\n{SELF_KILLS[how]}"
+    right, killed = _score_all(box_of_a_nohup_parent, ["print(int(input()) ** 2)\n", body], gt)
+    assert right["score"] == 1.0, right
+    assert killed["score"] == 0.0, killed
 
 
 # ----- 8. stdin is a regular file, as on the judges -------------------------------------------------

@@ -93,8 +93,7 @@ def launch(fds, cg_join: list[str], rlimits, uid: int | None, parent: int, cwd: 
         with open(path, "w") as f:
             f.write("0")  # "0": this thread (see Cgroups.join_files)
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
+    default_signals()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     os.closerange(len(fds), 1 << 20)
@@ -108,6 +107,20 @@ def launch(fds, cg_join: list[str], rlimits, uid: int | None, parent: int, cwd: 
     if cwd is not None:
         os.chdir(cwd)
     os.execve(argv[0], argv, env)
+
+
+def default_signals() -> None:
+    """Every signal back to its default action and none blocked, as on a judge. Ignored dispositions and the
+    blocked mask survive ``execve``: without this, a trainer run under ``nohup`` (SIGHUP ignored) handed that to
+    every program, and one that printed the right answer and then SIGHUPed its group exited 0 and scored 1.0."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # the C library's own real-time signals (32, 33): not settable, and never ignored by a parent
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
 def drop_to(uid: int) -> None:
