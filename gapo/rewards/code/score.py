@@ -433,11 +433,9 @@ class _Item:
     result: dict | None = None
     key: str = ""  # HumanEval: plan key
     plan: Plan | None = None
-    items: list | None = None  # HumanEval: the answer's raw results, kept for the replay
     test_s: float = 0.0  # per-test limit (HumanEval under a protocol: per recorded call)
     problem_s: float | None = None  # per-problem limit (None: HumanEval per call, set when the calls are known)
     per_call: bool = False
-    proto: object = None
 
 
 def _result(score: bool, *, reason: str = "", format_error=False, timeout=False, passed=0, total=0,
@@ -628,7 +626,6 @@ class CodeBatchScorer:
     def _set_limits(self, item: _Item, proto) -> None:
         """The row's per-test and per-problem limits: the global setting, else the protocol's, else the sandbox's."""
         settings, cfg = self.settings, self._box.config
-        item.proto = proto
         item.test_s = float(settings.test_timeout_s or proto.test_timeout_s or cfg.test_timeout_s)
         # HumanEval(+) under a source's protocol: the limit is per recorded call (known after extraction).
         item.per_call = item.problem.kind == "script" and proto.test_timeout_s is not None

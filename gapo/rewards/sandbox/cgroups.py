@@ -17,7 +17,11 @@ enters its slot: :meth:`Cgroups.join_files` (v1, and v2 without clone3) or
 from __future__ import annotations
 
 import os
-import signal
+
+if __package__:  # imported as gapo.rewards.sandbox.cgroups
+    from . import process
+else:  # a sibling of the executor script, which put this directory on sys.path (see _executor.py)
+    import process
 
 CG_CONTROLLERS = ("memory", "cpu", "pids")
 CG_PREFIX = "gapo-sandbox-"
@@ -161,11 +165,7 @@ class Cgroups:
         if self.version == 2 and os.path.exists(kill_file):
             _cg_write(kill_file, "1")
             return
-        for pid in self.procs(slot):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        process.kill_all(self.procs(slot))
 
     def remove(self) -> None:
         """Remove the (empty) slot groups and the executor's group; errors are ignored."""
