@@ -492,8 +492,8 @@ SELF_KILLS = {
 }
 
 
-@pytest.mark.parametrize("how", sorted(SELF_KILLS))
-def test_printing_then_killing_itself_scores_zero_on_stdin(box, how):
+def _assert_printing_then_killing_itself_scores_zero(box, how):
+    """The right program scores 1; the same output followed by ``SELF_KILLS[how]`` scores 0 with a death's reason."""
     gt = json.dumps({"inputs": ["3\n"], "outputs": ["9\n"]})
     body = f"import os, signal, sys\nprint(int(input()) ** 2, flush=True)\nsys.stdout.flush()\n{SELF_KILLS[how]}"
     right, killed = _score_all(box, ["print(int(input()) ** 2)\n", body], gt)
@@ -501,6 +501,11 @@ def test_printing_then_killing_itself_scores_zero_on_stdin(box, how):
     assert killed["score"] == 0.0, killed
     assert "signal" in killed["reason"] or "exit code" in killed["reason"] or "runtime error" in killed["reason"], \
         killed["reason"]
+
+
+@pytest.mark.parametrize("how", sorted(SELF_KILLS))
+def test_printing_then_killing_itself_scores_zero_on_stdin(box, how):
+    _assert_printing_then_killing_itself_scores_zero(box, how)
 
 
 @pytest.mark.parametrize("how", ["sigkill", "sigterm", "raise_signal", "process_group", "abort"])
@@ -576,11 +581,7 @@ def test_the_program_starts_with_default_signals_whatever_its_parent_ignores(box
 
 @pytest.mark.parametrize("how", sorted(SELF_KILLS))
 def test_killing_itself_scores_zero_when_the_trainer_ignores_signals(box_of_a_nohup_parent, how):
-    gt = json.dumps({"inputs": ["3\n"], "outputs": ["9\n"]})
-    body = f"import os, signal, sys\nprint(int(input()) ** 2, flush=True)\n{SELF_KILLS[how]}"
-    right, killed = _score_all(box_of_a_nohup_parent, ["print(int(input()) ** 2)\n", body], gt)
-    assert right["score"] == 1.0, right
-    assert killed["score"] == 0.0, killed
+    _assert_printing_then_killing_itself_scores_zero(box_of_a_nohup_parent, how)
 
 
 # ----- 8. stdin is a regular file, as on the judges -------------------------------------------------
