@@ -10,6 +10,8 @@
 - killing: :func:`kill_group`, :func:`kill_all`, and :func:`fork_cleaner` (kills every process of a uid,
   as that uid; the slot's cleaner where there are no cgroups); reaping is the executor's (it knows whose
   child each pid is);
+- signals: :func:`default_signals` (what a program starts with), :func:`ignored_signals`, :func:`raw_sigaction`
+  (the C library's own signals too);
 - :func:`prctl` (child subreaper, parent-death signal) and :func:`write_all` (pipes and memfds).
 
 Standard library only (see ``_executor.py``).
@@ -112,15 +114,49 @@ def launch(fds, cg_join: list[str], rlimits, uid: int | None, parent: int, cwd: 
 def default_signals() -> None:
     """Every signal back to its default action and none blocked, as on a judge. Ignored dispositions and the
     blocked mask survive ``execve``: without this, a trainer run under ``nohup`` (SIGHUP ignored) handed that to
-    every program, and one that printed the right answer and then SIGHUPed its group exited 0 and scored 1.0."""
+    every program, and one that printed the right answer and then SIGHUPed its group exited 0 and scored 1.0.
+    The C library's own real-time signals (32, 33), which Python cannot set, are ignored in everything GNU make
+    4.3 starts (``make test``, a trainer run from a Makefile): those are reset with the raw system call."""
     for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # the C library's own real-time signals (32, 33): not settable, and never ignored by a parent
+    for sig in ignored_signals():
+        raw_sigaction(sig, kernel_sigaction(signal.SIG_DFL))
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def ignored_signals(pid: int | str = "self") -> set[int]:
+    """The signals ``pid`` ignores, from the ``SigIgn`` line of ``/proc/PID/status`` (hex; bit N-1 = signal N)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+# rt_sigaction's number where it is not x86_64's (the generic table: arm64, riscv64)
+_SYS_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "ppc64": 173, "s390x": 174}
+_KSIGACTION_BYTES = 64  # more than the kernel's struct sigaction on any 64-bit architecture (32 bytes); it reads its own
+
+
+def kernel_sigaction(handler: int) -> bytes:
+    """The kernel's ``struct sigaction`` for SIG_DFL (0) or SIG_IGN (1): the handler first, no flags, empty mask."""
+    return bytes(ctypes.c_ulong(int(handler))).ljust(_KSIGACTION_BYTES, b"\0")
+
+
+def raw_sigaction(sig: int, action: bytes) -> bytes:
+    """``rt_sigaction(sig, action)`` by system call, past the C library (whose ``sigaction`` refuses its own
+    signals 32 and 33 with EINVAL); returns the previous action in the same form. OSError on failure or on an
+    architecture whose system call number is not known here."""
+    number = _SYS_RT_SIGACTION.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"signal {sig} is ignored and cannot be reset on {os.uname().machine} (no rt_sigaction "
+                      "number known): start the trainer outside GNU make, which ignores signals 32 and 33")
+    new = ctypes.create_string_buffer(action, _KSIGACTION_BYTES)
+    old = ctypes.create_string_buffer(_KSIGACTION_BYTES)
+    _libc.syscall.restype = ctypes.c_long
+    if _libc.syscall(ctypes.c_long(number), ctypes.c_long(sig), new, old, ctypes.c_size_t(8)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"rt_sigaction({sig}): {os.strerror(err)}")
+    return old.raw
 
 
 def drop_to(uid: int) -> None:
