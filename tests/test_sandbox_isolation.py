@@ -12,8 +12,10 @@ tested for real where root can write it (skipped otherwise, with the reason).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -501,7 +503,8 @@ def test_cancel_waits_until_the_slots_are_empty(any_box):
 
 UNPRIVILEGED = r"""
 import importlib.util, json, os, sys
-# sandbox.py alone (stdlib only): the system python runs it, the project's venv may not be readable here
+# the sandbox package's client alone (stdlib only; it starts _executor.py beside it): the system python runs it, the
+# project's venv may not be readable here
 spec = importlib.util.spec_from_file_location("gapo_sandbox_alone", sys.argv[1])
 sb = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = sb
@@ -546,13 +549,20 @@ def test_nothing_outlives_the_call_unprivileged():
         pytest.skip("needs root to switch to an unprivileged uid")
     uid = 59998  # outside the slot uid range, no account needed
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    try:
-        proc = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "-c",
-                               UNPRIVILEGED, str(ROOT / "gapo" / "rewards" / "sandbox" / "client.py"), json.dumps(LEAKY)],
-                              check=False, capture_output=True, text=True, timeout=240, cwd="/",
-                              env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
-    except FileNotFoundError:
-        pytest.skip("no setpriv")
+    # A copy that uid can read: a checkout may sit in a folder only its owner enters (a fresh clone in a mkdtemp
+    # folder is 700), where the run failed with "Permission denied" and this test skipped.
+    with tempfile.TemporaryDirectory() as tmp:
+        package = Path(tmp) / "sandbox"
+        shutil.copytree(ROOT / "gapo" / "rewards" / "sandbox", package, ignore=shutil.ignore_patterns("__pycache__"))
+        for path in (Path(tmp), package, *package.iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        try:
+            proc = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "-c",
+                                   UNPRIVILEGED, str(package / "client.py"), json.dumps(LEAKY)],
+                                  check=False, capture_output=True, text=True, timeout=240, cwd="/",
+                                  env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+        except FileNotFoundError:
+            pytest.skip("no setpriv")
     if proc.returncode != 0 and ("Permission denied" in proc.stderr or "SandboxUnavailable" in proc.stderr):
         pytest.skip(f"cannot run the sandbox as uid {uid} here: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
