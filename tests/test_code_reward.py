@@ -260,10 +260,12 @@ def test_batch_time_is_bounded(box):
 
 def test_results_have_the_same_keys_everywhere(box):
     gt = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
+    # 2 s, not less: the right program must start within it on a loaded 2-core CI machine (at 0.3 s, print(1)
+    # scored 0 there, every other right program of that run passing: a start-up slower than the limit)
     outs = score_code_batch(["no code", _fence("print(1)\n"), _fence("print(2)\n"),
-                             _fence("while True: pass\n")], [gt] * 4, sandbox=box, test_timeout_s=0.3)
+                             _fence("while True: pass\n")], [gt] * 4, sandbox=box, test_timeout_s=2.0)
     assert len({tuple(sorted(o)) for o in outs}) == 1
-    assert [o["score"] for o in outs] == [0.0, 1.0, 0.0, 0.0]
+    assert [o["score"] for o in outs] == [0.0, 1.0, 0.0, 0.0], outs
     assert [o["format_error"] for o in outs] == [True, False, False, False]
     assert outs[3]["timeout"]
 
