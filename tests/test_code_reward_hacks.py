@@ -568,24 +568,19 @@ def box_of_a_nohup_parent(request):
     sandbox.close()
 
 
-def _signal_set(status: str, field: str) -> set[int]:
-    """The signal numbers of one ``/proc/PID/status`` mask line (``SigIgn``, ``SigBlk``: hex, bit N-1 = signal N)."""
-    mask = int(re.search(rf"^{field}:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
-    return {n + 1 for n in range(64) if mask >> n & 1}
-
-
 def test_the_program_starts_with_default_signals_whatever_its_parent_ignores(box_of_a_nohup_parent):
     """What the executor inherited (the ignored signals are checked first: else this proves nothing) does not reach
     the program: nothing blocked, nothing ignored but what Python itself ignores at start-up (SIGPIPE, SIGXFSZ).
-    The executor unblocks what it was started with: a blocked SIGCHLD made each test wait for its 1 s poll."""
+    The executor unblocks what it was started with: a blocked SIGCHLD made tests wait for its 1 s poll."""
     executor = open(f"/proc/{box_of_a_nohup_parent._proc.pid}/status").read()
-    assert set(PARENT_IGNORES + LIBC_IGNORES) - {signal.SIGTERM} <= _signal_set(executor, "SigIgn")  # it resets TERM
-    assert _signal_set(executor, "SigBlk") == set()
+    inherited = set(PARENT_IGNORES + LIBC_IGNORES) - {signal.SIGTERM}  # the executor resets SIGTERM itself
+    assert inherited <= process.signal_set(executor, "SigIgn")
+    assert process.signal_set(executor, "SigBlk") == set()
     (res,) = box_of_a_nohup_parent.run("print(open('/proc/self/status').read())\n", [""])
     assert res.exited_ok, res
     status = res.stdout.decode()
-    assert _signal_set(status, "SigBlk") == set()
-    assert _signal_set(status, "SigIgn") <= {signal.SIGPIPE, signal.SIGXFSZ}, status
+    assert process.signal_set(status, "SigBlk") == set()
+    assert process.signal_set(status, "SigIgn") <= {signal.SIGPIPE, signal.SIGXFSZ}, status
 
 
 @pytest.mark.parametrize("how", sorted(SELF_KILLS))

@@ -10,8 +10,8 @@
 - killing: :func:`kill_group`, :func:`kill_all`, and :func:`fork_cleaner` (kills every process of a uid,
   as that uid; the slot's cleaner where there are no cgroups); reaping is the executor's (it knows whose
   child each pid is);
-- signals: :func:`default_signals` (what a program starts with), :func:`ignored_signals`, :func:`raw_sigaction`
-  (the C library's own signals too);
+- signals: :func:`default_signals` (what a program starts with), :func:`ignored_signals` and :func:`signal_set`
+  (from ``/proc``), :func:`raw_sigaction` (the C library's own signals too);
 - :func:`prctl` (child subreaper, parent-death signal) and :func:`write_all` (pipes and memfds).
 
 Standard library only (see ``_executor.py``).
@@ -112,29 +112,41 @@ def launch(fds, cg_join: list[str], rlimits, uid: int | None, parent: int, cwd: 
 
 
 def default_signals() -> None:
-    """Every signal back to its default action and none blocked, as on a judge. Ignored dispositions and the
-    blocked mask survive ``execve``: without this, a trainer run under ``nohup`` (SIGHUP ignored) handed that to
-    every program, and one that printed the right answer and then SIGHUPed its group exited 0 and scored 1.0.
-    The C library's own real-time signals (32, 33), which Python cannot set, are ignored in everything GNU make
-    4.3 starts (``make test``, a trainer run from a Makefile): those are reset with the raw system call."""
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
+    """Every signal back to its default action and none blocked, as on a judge. ``execve`` resets the signals
+    this process catches but keeps the ignored ones and the blocked mask, so those two are what is reset here:
+    without it, a trainer run under ``nohup`` (SIGHUP ignored) handed that to every program, and one that printed
+    the right answer and then SIGHUPed its group exited 0 and scored 1.0. GNU make 4.3 ignores the C library's own
+    real-time signals (32, 33) in all it starts (``make test``), and Python cannot set those: they are reset with
+    the system call itself (:func:`raw_sigaction`)."""
     for sig in ignored_signals():
-        raw_sigaction(sig, kernel_sigaction(signal.SIG_DFL))
+        if sig in _PYTHON_SETTABLE:
+            signal.signal(sig, signal.SIG_DFL)
+        else:
+            raw_sigaction(sig, kernel_sigaction(signal.SIG_DFL))
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
-def ignored_signals(pid: int | str = "self") -> set[int]:
-    """The signals ``pid`` ignores, from the ``SigIgn`` line of ``/proc/PID/status`` (hex; bit N-1 = signal N)."""
-    with open(f"/proc/{pid}/status") as f:
-        mask = int(next(line for line in f if line.startswith("SigIgn:")).split()[1], 16)
+_PYTHON_SETTABLE = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}  # valid_signals() lacks 32 and 33
+
+
+def signal_set(status: str, field: str) -> set[int]:
+    """The signal numbers of one mask line of a ``/proc/PID/status`` text (``SigIgn``, ``SigBlk``...: hex, bit
+    N-1 = signal N)."""
+    line = next(line for line in status.splitlines() if line.startswith(f"{field}:"))
+    mask = int(line.split()[1], 16)
     return {n + 1 for n in range(64) if mask >> n & 1}
 
 
-# rt_sigaction's number where it is not x86_64's (the generic table: arm64, riscv64)
+def ignored_signals() -> set[int]:
+    """The signals this process ignores (``SigIgn`` of ``/proc/self/status``)."""
+    with open("/proc/self/status") as f:
+        return signal_set(f.read(), "SigIgn")
+
+
+# rt_sigaction's system call number per architecture (arm64 and riscv64 share the generic table)
 _SYS_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "riscv64": 134, "ppc64le": 173, "ppc64": 173, "s390x": 174}
 _KSIGACTION_BYTES = 64  # more than the kernel's struct sigaction on any 64-bit architecture (32 bytes); it reads its own
+_libc.syscall.restype = ctypes.c_long
 
 
 def kernel_sigaction(handler: int) -> bytes:
@@ -152,7 +164,6 @@ def raw_sigaction(sig: int, action: bytes) -> bytes:
                       "number known): start the trainer outside GNU make, which ignores signals 32 and 33")
     new = ctypes.create_string_buffer(action, _KSIGACTION_BYTES)
     old = ctypes.create_string_buffer(_KSIGACTION_BYTES)
-    _libc.syscall.restype = ctypes.c_long
     if _libc.syscall(ctypes.c_long(number), ctypes.c_long(sig), new, old, ctypes.c_size_t(8)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"rt_sigaction({sig}): {os.strerror(err)}")
