@@ -133,3 +133,45 @@ def zero_rows(nested: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """A jagged nested (B, *) tensor with the rows where `rows` is True set to zero."""
     parts = [t * 0 if drop else t for t, drop in zip(nested.unbind(), rows.tolist())]
     return torch.nested.as_nested_tensor(parts, layout=torch.jagged)
+
+
+def group_metrics(stats: GroupStatistics, positive: torch.Tensor, real: torch.Tensor,
+                  thresholds=None) -> dict[str, float]:
+    """`gapo/groups/*` (group mix) and `gapo/eps_high/*` (the thresholds the loss gives) of a step; both trainers'.
+
+    Args:
+        stats: each rollout's (c, k, success) (`group_statistics`).
+        positive: (B,) bool, the rollout's advantage is positive.
+        real: (B,) bool, not a padding row (verl's batch balancing adds rows with fresh uids).
+        thresholds: a callable (c, k) -> eps_high for the GAPO losses (e.g. `gapo.threshold.adaptive_eps_high` with
+            the run's clips and schedule); None for a baseline (no `gapo/eps_high/*`).
+
+    The `gapo/groups/*` values are means over groups (prompts), each counted once whatever its size: every real
+    rollout is weighted 1 / k (its group's k real rollouts sum to 1). Under uniform sampling (all k = n) that is the
+    plain mean over rollouts; under VIGOR a mean over rollouts would weight the large groups it grew.
+    `gapo/groups/success_rate_mean` is the mean over groups of c / k, the batch's per-prompt pass rate.
+    `gapo/eps_high/{mean,min,max}` covers the rollouts that get the adaptive bound: successes with a positive
+    advantage; absent when there are none.
+    """
+    real = torch.as_tensor(real, dtype=torch.bool)
+    num_correct, group_size = stats.num_correct[real].double(), stats.group_size[real].double()
+    weight = 1.0 / group_size.clamp(min=1)
+
+    def per_group(values: torch.Tensor) -> float:
+        return ((values.double() * weight).sum() / weight.sum()).item()
+
+    if not real.any():
+        return {}
+    out = {
+        "gapo/groups/mixed_frac": per_group((num_correct > 0) & (num_correct < group_size)),
+        "gapo/groups/all_correct_frac": per_group(num_correct == group_size),
+        "gapo/groups/all_wrong_frac": per_group(num_correct == 0),
+        "gapo/groups/success_rate_mean": per_group(num_correct / group_size.clamp(min=1)),
+        "gapo/groups/size_mean": per_group(group_size),
+    }
+    used = stats.success.to(torch.bool) & torch.as_tensor(positive, dtype=torch.bool) & real
+    if thresholds is not None and used.any():
+        eps = thresholds(stats.num_correct[used], stats.group_size[used])
+        out.update({"gapo/eps_high/mean": eps.mean().item(), "gapo/eps_high/min": eps.min().item(),
+                    "gapo/eps_high/max": eps.max().item()})
+    return out

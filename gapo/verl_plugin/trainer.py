@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 
 import torch
 import transfer_queue as tq
@@ -40,7 +41,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from gapo.clip_diagnostics import diagnostics_from_sums, is_adv_points
 from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow
-from gapo.groups import rollout_group_statistics, zero_rows
+from gapo.groups import group_metrics, rollout_group_statistics, zero_rows
 from gapo.step_metrics import ValidationWindow, reward_extra_metrics, val_passk_metrics
 from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
@@ -223,36 +224,14 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
             self.actor_rollout_wg.set_loss_fn(self._loss_fn)
 
     def _group_metrics(self, stats, positive, real) -> dict[str, float]:
-        """Group mix, and the thresholds the loss will give the rollouts (exact: the same rule).
-
-        The `gapo/groups/*` values are means over groups (prompts), each group counted once whatever its size: every
-        real rollout is weighted 1 / k (its group's k real rollouts sum to 1). Under uniform sampling (all k = n) that
-        is the plain mean over rollouts; under VIGOR a mean over rollouts would weight the large groups it grew.
-        `gapo/groups/success_rate_mean` is the mean over groups of c / k, the batch's per-prompt pass rate (the
-        VIGOR study's reward curve: comparable between uniform and VIGOR runs, unlike critic/score/mean).
-        `gapo/eps_high/*` covers the rollouts that get the adaptive bound: successes with a positive advantage.
-        """
-        num_correct, group_size = stats.num_correct[real].double(), stats.group_size[real].double()
-        weight = 1.0 / group_size.clamp(min=1)
-
-        def per_group(values: torch.Tensor) -> float:
-            return ((values.double() * weight).sum() / weight.sum()).item()
-
-        out = {
-            "gapo/groups/mixed_frac": per_group((num_correct > 0) & (num_correct < group_size)),
-            "gapo/groups/all_correct_frac": per_group(num_correct == group_size),
-            "gapo/groups/all_wrong_frac": per_group(num_correct == 0),
-            "gapo/groups/success_rate_mean": per_group(num_correct / group_size.clamp(min=1)),
-            "gapo/groups/size_mean": per_group(group_size),
-        }
-        used = stats.success & positive & real
-        if used.any() and self._gapo.loss_mode in GAPO_LOSS_MODES:  # baselines use verl's fixed clips
+        """`gapo.groups.group_metrics` with this run's thresholds (the loss's own rule: exact); baselines, which use
+        verl's fixed clips, log no `gapo/eps_high/*`."""
+        thresholds = None
+        if self._gapo.loss_mode in GAPO_LOSS_MODES:
             eps_low, eps_high_max = resolve_gapo_clips(self.config.actor_rollout_ref.actor, self._gapo)
-            eps = adaptive_eps_high(stats.num_correct[used], stats.group_size[used], eps_low, eps_high_max,
-                                    self._gapo.schedule)
-            out.update({"gapo/eps_high/mean": eps.mean().item(), "gapo/eps_high/min": eps.min().item(),
-                        "gapo/eps_high/max": eps.max().item()})
-        return out
+            thresholds = partial(adaptive_eps_high, eps_low=eps_low, eps_high_max=eps_high_max,
+                                 schedule=self._gapo.schedule)
+        return group_metrics(stats, positive, real, thresholds)
 
     def _update_actor(self, batch, metrics):
         """verl's actor update, then the loss's raw per-c sums in `metrics` turned into the paper's diagnostics.
