@@ -34,6 +34,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from gapo.exploration import (
+    COVERAGE_FRAC,
+    COVERAGE_WINDOW,
+    COVERAGE_WINDOW_SEEN,
+    ENTRANCE_DISTINCT,
+    ENTRANCE_UNIQUE_SUCCESS,
+    ENTROPY_FAILURE,
+    ENTROPY_SUCCESS,
+)
 from gapo.supervisor import SupervisedRun, SupervisedRunError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +57,8 @@ ROLLOUT_OVERRIDES = {"hf": [], "vllm": ["platform=cpu_vllm"]}
 # verl's rollout/actor log-prob gap (max over tokens) in every step: fp32 on both sides gives ~1e-8; a rollout
 # engine that kept the old weights (a skipped or failed sync) differs by ~1e-3 or more after one update.
 MAX_ROLLOUT_PROBS_DIFF = 1e-5
+# logged by every step of every run (a step with no success has no entropy_success: the smoke task's groups are mixed)
+EXPLORATION_REQUIRED = (ENTROPY_SUCCESS, ENTROPY_FAILURE, ENTRANCE_DISTINCT, COVERAGE_FRAC, COVERAGE_WINDOW)
 RUN_TIMEOUT_S = 900  # per training run (one run of 2-3 steps takes 1-2 min on 2 cores; vLLM's start adds ~40 s)
 
 
@@ -181,6 +192,9 @@ def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps
     if not any(v > 0 for m in every.values() for k, v in m.items() if k.startswith("gapo/clipfrac_pos/")):
         problems.append("nothing was ever clipped: raise the learning rate or the number of mini-batches")
     for step, m in sorted(every.items()):
+        absent = [name for name in EXPLORATION_REQUIRED if name not in m]
+        if absent:
+            problems.append(f"step {step} logged no {', '.join(absent)}: the exploration instruments did not run")
         gap = m.get("training/rollout_probs_diff_max")
         if gap is None or not gap < MAX_ROLLOUT_PROBS_DIFF:
             problems.append(f"step {step}: rollout/actor log-prob gap training/rollout_probs_diff_max={gap} (must be "
@@ -203,6 +217,22 @@ def summary_lines(metrics: dict[int, dict]) -> list[str]:
             f"{m.get('gapo/eps_high/max', float('nan')):.4f}   {m.get('actor/pg_clipfrac', float('nan')):8.3f}  "
             f"{m.get('timing_s/gen', float('nan')):5.2f}  {m.get('training/rollout_probs_diff_max', float('nan')):8.1e}"
             f"  {per_c}"
+        )
+    return lines
+
+
+def exploration_lines(metrics: dict[int, dict]) -> list[str]:
+    """One printed line per step of the exploration instruments (`gapo.exploration`, docs/metrics.md): entropy of the
+    successes and the failures, entrance diversity and the successes' unique entrances, live coverage this step and
+    over the window (covered / seen prompts)."""
+    lines = ["step  entropy(succ/fail)  entrance(distinct/uniq_succ)  coverage  window(covered/seen)"]
+    nan = float("nan")
+    for step in sorted(metrics):
+        m = metrics[step]
+        lines.append(
+            f"{step:>4}  {m.get(ENTROPY_SUCCESS, nan):8.3f}/{m.get(ENTROPY_FAILURE, nan):<8.3f}  "
+            f"{m.get(ENTRANCE_DISTINCT, nan):13.3f}/{m.get(ENTRANCE_UNIQUE_SUCCESS, nan):<13.3f}  "
+            f"{m.get(COVERAGE_FRAC, nan):8.3f}  {m.get(COVERAGE_WINDOW, nan):9.0f}/{m.get(COVERAGE_WINDOW_SEEN, nan):<.0f}"
         )
     return lines
 
@@ -276,6 +306,8 @@ def main(argv=None):
           f"node(s) x {args.ranks} rank(s); peak memory {peak:.1f} GiB)")
     print(f"[smoke] logs: {out.resolve() / 'logs'}\n[smoke] checkpoints: {result['ckpt_dir']}")
     print("\n".join(summary_lines({**result["run1"], **result["run2"]})))
+    print("\nexploration (gapo/explore/*, docs/metrics.md)")
+    print("\n".join(exploration_lines({**result["run1"], **result["run2"]})))
 
 
 if __name__ == "__main__":

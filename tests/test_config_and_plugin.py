@@ -150,3 +150,39 @@ def test_yaml_lists_every_gapo_knob_with_the_dataclass_default():
         assert f.name in node, f"configs/base/gapo.yaml lacks policy_loss.{f.name}"
         if f.name != "eps_high_max":  # the paper's value for the default config, on purpose
             assert node[f.name] == f.default, f.name
+
+
+def test_yaml_lists_every_exploration_knob_with_the_dataclass_default():
+    """base/gapo.yaml's `exploration` group repeats ExplorationConfig's fields (overrides need no '+'); the coverage
+    threshold is validation's, so moving one moves both."""
+    import dataclasses
+
+    from gapo.exploration import ExplorationConfig
+    from gapo.verl_plugin.validate import exploration_settings
+
+    cfg = compose_cfg()
+    for f in dataclasses.fields(ExplorationConfig):
+        assert f.name in cfg.exploration, f"configs/base/gapo.yaml lacks exploration.{f.name}"
+        assert cfg.exploration[f.name] == f.default, f.name
+    assert exploration_settings(cfg) == ExplorationConfig()
+    moved = exploration_settings(compose_cfg(overrides=["trainer.val_coverage_threshold=0.2"]))
+    assert moved.coverage_threshold == 0.2
+    assert exploration_settings(compose_cfg("smoke_cpu")).entrance_tokens >= 1
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["exploration.entrance_tokens=0"], r"exploration.entrance_tokens=0: .*integer >= 1; set e.g. "
+                                            r"exploration.entrance_tokens=8"),
+        (["exploration.coverage_window=0"], r"exploration.coverage_window=0: .*set e.g. exploration.coverage_window=20"),
+        (["exploration.coverage_threshold=1.0"], r"exploration.coverage_threshold=1.0: a solve rate in \[0, 1\)"),
+        (["exploration.coverage_threshold=-0.5"], r"exploration.coverage_threshold=-0.5"),
+        (["+exploration.entrance_tokns=4"], r"exploration.entrance_tokns is not a key.*exploration.entrance_tokens"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "exploration.coverage_window=-1"],
+         r"exploration.coverage_window=-1"),  # baselines log the instruments too: checked for every loss mode
+    ],
+)
+def test_bad_exploration_knobs_fail_at_start_naming_key_and_fix(overrides, match):
+    with pytest.raises(GAPOConfigError, match=match):
+        validate_gapo_config(compose_cfg(overrides=overrides))

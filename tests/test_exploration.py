@@ -247,3 +247,15 @@ def test_bad_knobs_name_the_key_the_value_and_the_fix(field, value, fix):
     with pytest.raises(ValueError) as err:
         ExplorationConfig(**{field: value})
     assert f"exploration.{field}={value!r}" in str(err.value) and fix in str(err.value)
+
+
+def test_the_tensor_path_gives_the_pure_python_first_moves():
+    """`first_moves` (torch, what the trainers run) against `first_move` (python, the definition), with and without
+    the newline cut, on random rows of random lengths (some shorter than m, some empty)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 6, (int(n),), generator=gen).tolist() for n in torch.randint(0, 9, (200,), generator=gen)]
+    nested = torch.nested.as_nested_tensor([torch.tensor(r, dtype=torch.long) for r in rows], layout=torch.jagged)
+    for m in (1, 3, 5):
+        lead, _ = leading_tokens(nested, m)
+        for newline in (None, {2}, {2, 5}):
+            assert first_moves(lead, newline) == [first_move(r, m, newline) for r in rows], (m, newline)

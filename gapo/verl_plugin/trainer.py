@@ -55,7 +55,9 @@ from gapo.verl_plugin.losses import (
     SUCCESS_KEY,
     GAPOActorLoss,
 )
+from gapo.verl_plugin.exploration import StepExploration
 from gapo.verl_plugin.validate import (
+    exploration_settings,
     sampler_poll_interval,
     validate_gapo_config,
     validation_settings,
@@ -99,6 +101,11 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         self._gapo = omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
         # gapo/is_adv_corr_window's latest steps; restarts with the process (not checkpointed)
         self._is_adv_window = CorrelationWindow(self._gapo.diag_corr_window)
+        # exploration instruments (top-level `exploration`, docs/metrics.md): entropy from the old-log-prob pass, which
+        # verl skips in bypass mode (old log-probs = the rollout's)
+        rollout_correction = config.algorithm.get("rollout_correction", None) or {}
+        self._entropy_in_batch = not rollout_correction.get("bypass_mode", False)
+        self._exploration = StepExploration(exploration_settings(config))
 
     def _build_replay_buffer(self):
         """verl's sync replay buffer, with the trainer's mode set to verl's "sync".
@@ -183,14 +190,17 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         `gapo/groups/*`, `gapo/eps_high/*` and reward metrics to `metrics`. Returns the batch handle that knows the
         new fields.
         """
-        data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "rm_scores", "extra_fields"]
-        )
+        # one fetch for the group statistics and the exploration instruments (responses, prompts, the old-log-prob
+        # pass's entropy)
+        fields = ["uid", "rm_scores", "extra_fields", "responses", "prompts"]
+        if self._entropy_in_batch:
+            fields.append("entropy")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         real = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
+        sessions = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GRPO
         stats, truncated = rollout_group_statistics(
             batch.keys, _as_list(data["uid"]), data["rm_scores"], self._gapo,
-            max_response_length=self.config.data.max_response_length,
-            sessions=self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GRPO,
+            max_response_length=self.config.data.max_response_length, sessions=sessions,
         )
         columns = {NUM_CORRECT_KEY: stats.num_correct, GROUP_SIZE_KEY: stats.group_size,
                    SUCCESS_KEY: stats.success.float()}
@@ -212,6 +222,8 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         positive = torch.stack([row.sum() for row in advantages.unbind()]) > 0
         metrics.update(self._group_metrics(stats, positive, real))
         metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real.tolist()) if r]))
+        metrics.update(self._exploration.step(batch.keys, data, stats, real, sessions, self.global_steps,
+                                              self.tokenizer))
         return batch
 
     def _cover_group_sizes(self, largest: int) -> None:

@@ -70,12 +70,42 @@ def validation_settings(config: DictConfig) -> tuple[float, int]:
     return float(threshold), window
 
 
+EXPLORATION_KEY = "exploration"
+
+
+def exploration_settings(config: DictConfig):
+    """The exploration instruments' settings from the top-level ``exploration`` group (configs/base/gapo.yaml;
+    `gapo.exploration.ExplorationConfig`'s defaults where it is absent). ``coverage_threshold`` defaults to validation's
+    ``trainer.val_coverage_threshold``, so training-time and validation coverage use one threshold.
+
+    Raises GAPOConfigError naming the key, the bad value and the fix (an unknown key: the valid ones).
+    """
+    from dataclasses import fields
+
+    from gapo.exploration import ExplorationConfig
+
+    group = config.get(EXPLORATION_KEY, None)
+    values = dict(group) if group is not None else {}
+    known = [f.name for f in fields(ExplorationConfig)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise GAPOConfigError(f"{EXPLORATION_KEY}.{unknown[0]} is not a key of the exploration instruments; the keys "
+                              f"are {', '.join(f'{EXPLORATION_KEY}.{k}' for k in known)} (docs/metrics.md)")
+    if "coverage_threshold" not in values:
+        values["coverage_threshold"] = validation_settings(config)[0]
+    try:
+        return ExplorationConfig(**values)
+    except ValueError as err:
+        raise GAPOConfigError(str(err)) from None
+
+
 def validate_gapo_config(config: DictConfig) -> None:
     """Raise GAPOConfigError for a config GAPO cannot train with. Baseline losses pass through unchecked, except
     for the trainer's own knobs (the replay buffer's poll interval, validation's coverage threshold and window,
-    VIGOR's `vigor` group), which every run of GAPO's trainer reads."""
+    the `exploration` instruments, VIGOR's `vigor` group), which every run of GAPO's trainer reads."""
     sampler_poll_interval(config)
     validation_settings(config)
+    exploration_settings(config)
     try:
         vigor_settings(config)  # VIGOR (top-level `vigor`): composes with every loss_mode, so checked for all
     except VigorConfigError as err:
