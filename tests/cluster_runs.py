@@ -3,8 +3,8 @@
 Used by tests/conftest.py's ``smoke_run`` (read by tests/test_trainer_e2e.py, tests/test_cluster_e2e.py and
 tests/test_eval_cli.py). The run is ``make smoke RANKS=2`` with a failure in the middle:
 
-1. run1 (3 steps planned, a checkpoint every step, verl's rollout dump, GAPO's per-row loss dump) trains steps 1 and
-   2; once step 2 is logged (its checkpoint is committed before the log line) and step 3 is under way, the Ray worker
+1. run1 (3 steps planned, a checkpoint every step, verl's rollout dump, GAPO's per-row loss and exploration dumps)
+   trains steps 1 and 2; once step 2 is logged (its checkpoint is committed before the log line) and step 3 is under way, the Ray worker
    process of FSDP rank 1 is SIGKILLed. run1 must then end by itself, with an error that names the dead worker;
 2. run2 resumes from step 2 at the same world size and trains step 3.
 """
@@ -56,6 +56,7 @@ def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict
     ray_tmp = tempfile.mkdtemp(prefix="gsk-", dir="/tmp")
     env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
     env["GAPO_DEBUG_LOSS_ROWS"] = str(rows_dir / "run1")
+    env["GAPO_DEBUG_EXPLORE_ROWS"] = str(rows_dir / "explore-run1")
     run = SupervisedRun([*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], env, log_file, cwd=ROOT,
                         timeout_s=RUN_TIMEOUT_S, grace_s=END_BOUND_S)
     started = time.time()
@@ -81,7 +82,8 @@ def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict
         shutil.rmtree(ray_tmp, ignore_errors=True)
     run1_wall = time.time() - started
     second = train(out, "run2", TOTAL_STEPS, overrides, RUN_TIMEOUT_S,
-                   extra_env={"GAPO_DEBUG_LOSS_ROWS": str(rows_dir / "run2")})
+                   extra_env={"GAPO_DEBUG_LOSS_ROWS": str(rows_dir / "run2"),
+                              "GAPO_DEBUG_EXPLORE_ROWS": str(rows_dir / "explore-run2")})
     run1, run2 = read_metrics(metrics_file), read_metrics(second["metrics_file"])
     return {
         "run1": run1, "run2": run2, "ckpt_dir": out / "checkpoints", "world_size": RANKS,

@@ -185,3 +185,71 @@ def test_resume_at_another_world_size_stops_before_ray(smoke):
            "(trainer.nnodes=1 x trainer.n_gpus_per_node=1)" in proc.stderr
     assert "ray init kwargs" not in proc.stdout + proc.stderr  # before run_ppo started Ray
     print(f"\n[cluster e2e] resume at world size 1 from a world-size-2 checkpoint refused after {elapsed:.1f} s")
+
+
+def explore_rows(smoke) -> dict[int, list[dict]]:
+    """{step: rows} of the driver's exploration dump (GAPO_DEBUG_EXPLORE_ROWS): steps before the kill from run1, the
+    resumed step from run2."""
+    out: dict[int, list[dict]] = defaultdict(list)
+    for run, steps in (("explore-run1", range(1, STEPS + 1)), ("explore-run2", range(STEPS + 1, TOTAL_STEPS + 1))):
+        for line in (smoke["rows_dir"] / run / "driver.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if int(row["step"]) in steps:
+                out[int(row["step"])].append(row)
+    return out
+
+
+@pytest.mark.slow
+def test_exploration_metrics_are_a_recount_of_verls_rollout_dump(smoke, config):
+    """At world size 2, each step's gapo/explore/* values equal a recount from verl's rollout dump (groups by uid,
+    success by score, padding rows by key) and the driver's per-row first tokens and entropy sums, written out before
+    any instrument ran. The first tokens decode to the start of verl's dumped response text, so they are that
+    rollout's. Entropy means: sums over both ranks' rows (gathered by verl), token-weighted."""
+    from transformers import AutoTokenizer
+
+    from gapo.entrance import first_move, group_entrances
+
+    tokenizer = AutoTokenizer.from_pretrained(smoke["out"] / "model")
+    threshold = float(config.actor_rollout_ref.actor.policy_loss.success_threshold)
+    m = int(config.exploration.entrance_tokens)
+    cover = float(config.trainer.val_coverage_threshold)
+    metrics = {**smoke["run1"], **smoke["run2"]}
+    rows = explore_rows(smoke)
+    assert sorted(rows) == list(range(1, TOTAL_STEPS + 1))
+    for step, driver in rows.items():
+        dump = {json.loads(line)["uid"]: json.loads(line)
+                for line in (smoke["rollout_dir"] / f"{step}.jsonl").read_text().splitlines()}
+        by_key = {row["key"]: row for row in driver}
+        assert by_key.keys() == dump.keys(), step  # every rollout of the step, padding rows included
+        groups: dict[str, list[tuple]] = defaultdict(list)
+        entropy = defaultdict(lambda: [0.0, 0.0])  # "failure" or c -> [sum, tokens]
+        real = [(key, rec) for key, rec in dump.items() if not key.startswith("pad")]
+        c_of = Counter(key.rsplit("_", 2)[0] for key, rec in real if float(rec["score"]) > threshold)
+        for key, rec in real:
+            row = by_key[key]
+            assert rec["output"].startswith(tokenizer.decode(row["lead"], skip_special_tokens=True)), (step, key)
+            success = float(rec["score"]) > threshold
+            uid = key.rsplit("_", 2)[0]
+            groups[uid].append((first_move(row["lead"], m), success))
+            slot = entropy[c_of[uid] if success else "failure"]
+            slot[0] += row["entropy_sum"]
+            slot[1] += row["entropy_tokens"]
+        logged = metrics[step]
+        per_group = [group_entrances([mv for mv, _ in g], [s for _, s in g]) for g in groups.values()]
+        assert logged["gapo/explore/entrance_distinct"] == pytest.approx(
+            sum(g.distinct / g.size for g in per_group) / len(per_group)), step
+        with_success = [g.unique_successes / g.successes for g in per_group if g.successes]
+        assert logged["gapo/explore/entrance_unique_success"] == pytest.approx(
+            sum(with_success) / len(with_success)), step
+        assert logged["gapo/explore/coverage_frac"] == pytest.approx(
+            sum(g.successes / g.size > cover for g in per_group) / len(per_group)), step
+        succ = [v for key, v in entropy.items() if key != "failure"]
+        assert logged["gapo/explore/entropy_success"] == pytest.approx(
+            sum(s for s, _ in succ) / sum(t for _, t in succ), rel=1e-6), step
+        assert logged["gapo/explore/entropy_failure"] == pytest.approx(
+            entropy["failure"][0] / entropy["failure"][1], rel=1e-6), step
+        for c, (s, t) in entropy.items():
+            if c != "failure":
+                assert logged[f"gapo/explore/entropy_success/c{c}"] == pytest.approx(s / t, rel=1e-6), (step, c)
+        # the window restarts with each process: run1 pools steps 1-2, run2 starts again at step 3
+        assert logged["gapo/explore/coverage_window_steps"] == (step if step <= STEPS else step - STEPS)
