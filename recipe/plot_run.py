@@ -21,7 +21,10 @@ the later file wins (e.g. a resumed run's validation before training, logged at 
 Panels (each skipped with a printed note when no run has it): ``gapo/clipfrac_pos/c{c}`` (clip fraction of the
 positive-advantage successes of groups with c successes) and ``gapo/ratio_dev_pos/c{c}`` (their mean
 |ratio - 1|), one line per (run, c); ``gapo/is_adv_corr`` and ``gapo/is_adv_corr_window`` (the correlation of
-|ratio - 1| and advantage over c, per step and over the window), one line per (run, which); reward (``critic/score/mean``), one line per run; per validation data
+|ratio - 1| and advantage over c, per step and over the window), one line per (run, which); the exploration
+instruments (``gapo/explore/*``, docs/metrics.md): entropy of successes and failures, entrance diversity (distinct
+first moves, successes with an entrance of their own), live coverage (this step, over the window), one line per
+(run, which); reward (``critic/score/mean``), one line per run; per validation data
 source, ``val-passk/<source>/pass@k`` for every k logged and ``.../coverage_frac@<t>``, one line per (run, k).
 Runs differ by line style and marker in every panel; colour is c (or k) within a panel.
 """
@@ -48,6 +51,16 @@ CORR_KEYS = {"step": "gapo/is_adv_corr", "window": "gapo/is_adv_corr_window"}
 # Hugging Face Trainer runs (TRL): its W&B callback logs every metric as train/<name> with the optimizer step here
 HF_STEP_KEY = "train/global_step"
 HF_ALIASES = {"reward": REWARD_KEY}  # TRL's mean batch reward, drawn in the reward panel
+# the exploration instruments (gapo/exploration.py, docs/metrics.md), one panel each: (title, y label, {key: metric})
+EXPLORE = "gapo/explore/"
+EXPLORE_PANELS = (
+    ("entropy of the rollouts (token mean)", "nats",
+     {"successes": f"{EXPLORE}entropy_success", "failures": f"{EXPLORE}entropy_failure"}),
+    ("entrance diversity (first moves)", "fraction",
+     {"distinct / k": f"{EXPLORE}entrance_distinct", "unique successes": f"{EXPLORE}entrance_unique_success"}),
+    ("live coverage (solve rate above the threshold)", "fraction of prompts",
+     {"this step": f"{EXPLORE}coverage_frac", "window": f"{EXPLORE}coverage_window_frac"}),
+)
 VAL_PREFIX = "val-passk/"
 _PASSK = re.compile(r"^val-passk/(?P<source>.+)/pass@(?P<k>\d+)$")
 _COVERAGE = re.compile(r"^val-passk/(?P<source>.+)/coverage_frac@(?P<t>[^/]+)$")
@@ -431,6 +444,13 @@ def build_panels(runs: list[Run]) -> tuple[list[Panel], list[str]]:
         panels.append(Panel("corr(|ratio - 1|, advantage) over c", "Pearson r", corr))
     else:
         skipped.append(f"correlation: no run logged {' or '.join(CORR_KEYS.values())}")
+    for title, ylabel, keys in EXPLORE_PANELS:
+        lines = [Line(run.label, key, metric, *series(run, metric)) for run in runs for key, metric in keys.items()]
+        lines = [line for line in lines if line.steps]
+        if lines:
+            panels.append(Panel(title, ylabel, lines))
+        else:
+            skipped.append(f"{title}: no run logged {' or '.join(keys.values())}")
     reward = [Line(run.label, "", REWARD_KEY, *series(run, REWARD_KEY)) for run in runs]
     reward = [line for line in reward if line.steps]
     if reward:

@@ -81,13 +81,16 @@ def test_two_runs_side_by_side(tmp_path):
             "val-passk/aime/pass@1": 0.1, "val-passk/aime/pass@2": 0.15, "val-passk/aime/coverage@5%": 3.0,
             "val-passk/aime/coverage_frac@5%": 0.2, "val-passk-window/aime/pass@1/mean": 0.1})),
         (2, step_metrics({1: 0.375, 2: 0.125}, {1: 0.05, 2: 0.02}, 0.45, **{
-            "gapo/is_adv_corr": 0.9, "gapo/is_adv_corr_window": 0.7})),
+            "gapo/is_adv_corr": 0.9, "gapo/is_adv_corr_window": 0.7, "gapo/explore/entropy_success": 1.5,
+            "gapo/explore/entropy_failure": 2.5, "gapo/explore/entrance_distinct": 0.625,
+            "gapo/explore/entrance_unique_success": 0.5, "gapo/explore/entrance_distinct/c1": 0.25,
+            "gapo/explore/coverage_frac": 0.75, "gapo/explore/coverage_window_frac": 0.8})),
         (3, step_metrics({1: 0.25}, {1: 0.06}, 0.5, **{"val-passk/aime/pass@1": 0.2, "val-passk/aime/pass@2": 0.3,
                                                      "val-passk/aime/coverage_frac@5%": 0.4})),
     ])
     b = write_log(tmp_path / "baseline.jsonl", [
         (1, step_metrics({1: 0.1, 3: 0.2}, {1: 0.01, 3: 0.02}, 0.3)),
-        (2, step_metrics({3: 0.3}, {3: 0.03}, 0.35)),
+        (2, step_metrics({3: 0.3}, {3: 0.03}, 0.35, **{"gapo/explore/entrance_distinct": 0.875})),
     ])
     # verl's rollout dump in the same folder: not a metrics file, ignored
     (a / "rollouts").mkdir()
@@ -110,6 +113,13 @@ def test_two_runs_side_by_side(tmp_path):
         ("gapo", "coverage_frac@5%"): {1: 0.2, 3: 0.4}}
     # the correlation: step and window, where logged (step 2 of run a; run b has none)
     assert lines_of(result, "corr(") == {("gapo", "step"): {2: 0.9}, ("gapo", "window"): {2: 0.7}}
+    # the exploration instruments: the overall values, one line per (run, which); per-c values are not drawn
+    assert lines_of(result, "entropy of the rollouts") == {("gapo", "successes"): {2: 1.5},
+                                                           ("gapo", "failures"): {2: 2.5}}
+    assert lines_of(result, "entrance diversity") == {("gapo", "distinct / k"): {2: 0.625},
+                                                      ("gapo", "unique successes"): {2: 0.5},
+                                                      ("grpo", "distinct / k"): {2: 0.875}}
+    assert lines_of(result, "live coverage") == {("gapo", "this step"): {2: 0.75}, ("gapo", "window"): {2: 0.8}}
     assert result["skipped"] == []
     text = "\n".join(printed)
     assert "gapo: 3 steps (1..3) from file logger logs/run1.jsonl" in text
@@ -160,6 +170,8 @@ def test_missing_panels_are_noted_not_fatal(tmp_path, capsys):
         in out
     assert "panel skipped: mean |ratio - 1| by c" in out
     assert "panel skipped: correlation: no run logged gapo/is_adv_corr or gapo/is_adv_corr_window" in out
+    assert "panel skipped: entrance diversity (first moves): no run logged gapo/explore/entrance_distinct or " \
+        "gapo/explore/entrance_unique_success" in out
     assert "panel skipped: validation pass@k: no run logged val-passk/<source>/pass@<k>" in out
     assert "panel: reward (critic/score/mean)" in out
     # a run that has none of the plotted quantities: a clear error, no figure
@@ -336,10 +348,17 @@ def test_plot_of_a_real_smoke_run(smoke_run, tmp_path):
                 for key, metric in CORR_KEYS.items()}
     assert expected[("smoke", "window")] and lines_of(result, "corr(") == {k: v for k, v in expected.items() if v}
     # the smoke preset does not validate (trainer.test_freq: -1): that panel is skipped with a note
-    assert [p.title.split(" ")[0] for p in result["panels"]] == ["clip", "mean", "corr(|ratio", "reward"]
+    # the exploration panels: every drawn value is the logged one
+    from recipe.plot_run import EXPLORE_PANELS
+    for title, _, keys in EXPLORE_PANELS:
+        expected = {("smoke", key): {s: m[metric] for s, m in logged.items() if metric in m}
+                    for key, metric in keys.items()}
+        assert expected and lines_of(result, title) == {k: v for k, v in expected.items() if v}, title
+    assert [p.title.split(" ")[0] for p in result["panels"]] == ["clip", "mean", "corr(|ratio", "entropy", "entrance",
+                                                                 "live", "reward"]
     assert any(note.startswith("validation pass@k") for note in result["skipped"])
     text = "\n".join(printed)
     assert "smoke: 3 steps (1..3) from file logger logs/run1.jsonl, logs/run2.jsonl" in text
     assert "2 files merged by step" in text and "panel skipped: validation pass@k" in text
     panels, _ = build_panels([run])
-    assert len(panels) == 4
+    assert len(panels) == 7
