@@ -113,6 +113,10 @@ def test_loss_sees_each_prompts_merged_group(vigor_run):
         for key, score in merged:
             groups[key.split("_")[0]].append(score > threshold)
         levels = {sum(v) for v in groups.values() if 0 < sum(v) < len(v)}
+        # live coverage counts each prompt's merged group once, at its own size (not rollout.n's blocks)
+        cover = float(cfg.trainer.val_coverage_threshold)
+        assert m["gapo/explore/coverage_frac"] == pytest.approx(
+            sum(sum(v) / len(v) > cover for v in groups.values()) / len(groups)), step
         logged = {int(k.rsplit("/c", 1)[1]) for k in m if k.startswith("gapo/clipfrac_pos/c")}
         assert logged == levels, (step, logged, levels)
         assert m["gapo/is_adv_corr_levels"] == len(levels)
