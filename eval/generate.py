@@ -30,6 +30,8 @@ import traceback
 import warnings
 from dataclasses import asdict, dataclass
 
+from gapo.entrance import DEFAULT_ENTRANCE_TOKENS
+
 
 @dataclass
 class Request:
@@ -41,11 +43,15 @@ class Request:
 
 @dataclass
 class Completion:
-    """One sample: the decoded text, the response length in tokens, and why it ended."""
+    """One sample: the decoded text, the response length in tokens, why it ended, and its first token ids (the source
+    of its first move, :mod:`gapo.entrance`)."""
 
     text: str
     tokens: int
     finish_reason: str  # "stop" (end of sequence) or "length" (hit max new tokens)
+    # the response's first token ids (at most the backend's head_tokens; EOS included when it is among them);
+    # None: the backend did not report them (the record then has no `entrance`)
+    head_ids: list[int] | None = None
 
 
 @dataclass
@@ -75,6 +81,24 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     """Token ids of a rendered prompt, without special tokens: the chat template already wrote any BOS."""
     # The chat template already wrote any BOS token: add none.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+_NEWLINE_IDS: dict[tuple, frozenset[int]] = {}  # newline_token_ids' cache: (tokenizer name, vocab size) -> ids
+
+
+def newline_token_ids(tokenizer) -> frozenset[int]:
+    """The token ids whose decoded text holds a newline (``first_move``'s ``newline_ids`` for "until newline").
+
+    Every id of the vocabulary (added tokens included) is decoded once, in one ``batch_decode`` call (about a second
+    for a 150k vocabulary), and the set is cached per (tokenizer name, vocabulary size) for the process.
+    """
+    size = len(tokenizer)
+    key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), size)
+    if key not in _NEWLINE_IDS:
+        texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+        _NEWLINE_IDS[key] = frozenset(i for i, text in enumerate(texts) if "\n" in text)
+    return _NEWLINE_IDS[key]
 
 
 def visible_gpus() -> list[str]:
@@ -144,7 +168,7 @@ class HFBackend:
     name = "hf"
 
     def __init__(self, model_path: str, sampling: SamplingConfig, batch_size: int = 16, dtype: str = "auto",
-                 device: str | None = None):
+                 device: str | None = None, head_tokens: int = DEFAULT_ENTRANCE_TOKENS):
         """Load the model and tokenizer from ``model_path``.
 
         Args:
@@ -152,6 +176,7 @@ class HFBackend:
             batch_size: samples per ``generate`` call.
             dtype: torch dtype name; ``auto``: bfloat16 on a GPU, float32 on the CPU.
             device: where to run (default: cuda when available, else cpu).
+            head_tokens: each completion's first this many token ids are returned (``Completion.head_ids``).
         """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,6 +195,7 @@ class HFBackend:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids)
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        self.head_tokens = int(head_tokens)
         self._warned = False
 
     def _max_new_tokens(self, prompt_len: int) -> int:
@@ -208,7 +234,8 @@ class HFBackend:
                     stop = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
                     tokens = row if stop is None else row[:stop + 1]
                     text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                    done.append(Completion(text, len(tokens), "length" if stop is None else "stop"))
+                    done.append(Completion(text, len(tokens), "length" if stop is None else "stop",
+                                           tokens[:self.head_tokens]))
             out.append(done)
         return out
 
@@ -237,7 +264,8 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, sampling: SamplingConfig, tp: int = 1, dtype: str = "auto",
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 kv_cache_bytes: int | None = None, enforce_eager: bool = False, chunked_prefill: bool = True):
+                 kv_cache_bytes: int | None = None, enforce_eager: bool = False, chunked_prefill: bool = True,
+                 head_tokens: int = DEFAULT_ENTRANCE_TOKENS):
         """Build the ``vllm.LLM`` (prefix caching on).
 
         Args:
@@ -246,11 +274,13 @@ class VLLMEngine:
             gpu_memory_utilization: vLLM's share of GPU memory (``kv_cache_bytes`` overrides it).
             seed: the engine's seed (every request carries its own seed as well).
             kv_cache_bytes, enforce_eager, chunked_prefill: see the class docstring.
+            head_tokens: each completion's first this many token ids are returned (``Completion.head_ids``).
         """
         import vllm
 
         self.vllm = vllm
         self.sampling = sampling
+        self.head_tokens = int(head_tokens)
         kwargs = {"model": model_path, "tensor_parallel_size": tp, "dtype": dtype, "seed": seed,
                   "gpu_memory_utilization": gpu_memory_utilization, "enable_prefix_caching": True}
         if max_model_len:
@@ -293,7 +323,8 @@ class VLLMEngine:
         flat = []
         for output in outputs:
             o = output.outputs[0]
-            flat.append(Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop"))
+            flat.append(Completion(o.text, len(o.token_ids), "length" if o.finish_reason == "length" else "stop",
+                                   [int(t) for t in o.token_ids[:self.head_tokens]]))
         result, pos = [], 0
         for req in requests:
             result.append(flat[pos:pos + len(req.seeds)])
@@ -435,13 +466,15 @@ class VLLMBackend:
 def make_backend(name: str, model_path: str, sampling: SamplingConfig, *, batch_size: int = 16,
                  dtype: str = "auto", tp: int | None = None, dp: int | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 kv_cache_bytes: int | None = None):
-    """``auto``: vLLM when it is installed and a GPU is visible, else HF (also with vLLM's CPU build)."""
+                 kv_cache_bytes: int | None = None, head_tokens: int = DEFAULT_ENTRANCE_TOKENS):
+    """``auto``: vLLM when it is installed and a GPU is visible, else HF (also with vLLM's CPU build). Completions
+    carry their first ``head_tokens`` token ids."""
     if name == "auto":
         name = "vllm" if vllm_available() and visible_gpus() else "hf"
     if name == "hf":
-        return HFBackend(model_path, sampling, batch_size=batch_size, dtype=dtype)
+        return HFBackend(model_path, sampling, batch_size=batch_size, dtype=dtype, head_tokens=head_tokens)
     if name == "vllm":
         return VLLMBackend(model_path, sampling, tp=tp, dp=dp, dtype=dtype, max_model_len=max_model_len,
-                           gpu_memory_utilization=gpu_memory_utilization, seed=seed, kv_cache_bytes=kv_cache_bytes)
+                           gpu_memory_utilization=gpu_memory_utilization, seed=seed, kv_cache_bytes=kv_cache_bytes,
+                           head_tokens=head_tokens)
     raise ValueError(f"unknown backend {name!r}: expected auto, hf or vllm")
