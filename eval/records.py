@@ -2,15 +2,17 @@
 
 One line per sample: ``benchmark``, ``problem`` (row in the benchmark file), ``id``, ``data_source``,
 ``sample``, ``seed``, ``response``, ``pred`` (extracted answer), ``correct``, ``score``, ``finish_reason``,
-``response_tokens`` and the reward's other fields. Records are written in whole chunks (a problem, or with
+``response_tokens``, ``entrance`` (the response's first move: a list of token ids, :mod:`gapo.entrance`; absent
+in records written before it existed) and the reward's other fields. Records are written in whole chunks (a problem, or with
 large n a slice of its samples: see :mod:`eval.runner`), each with one ``write`` flushed to disk, so a
 killed run leaves whole chunks plus at most one torn tail. On load, a torn last line is tolerated and a
 problem without all its samples is dropped (rewritten out of the file), so the resumed run redoes exactly
 the problems that were not finished.
 
 Memory: the store keeps no record, only per-problem counts (:class:`ProblemStats`: samples, correct ones,
-tokens, truncations, ...), which is all the reports need; the file is read and repaired line by line. So a
-run of n = 256 samples per problem holds 256 x problems small counters, never the responses themselves.
+tokens, truncations, ..., and per first move its samples and correct ones), which is all the reports need; the
+file is read and repaired line by line. So a run of n = 256 samples per problem holds per problem a few counters
+and at most 256 first moves (m token ids each), never the responses themselves.
 """
 
 from __future__ import annotations
@@ -18,15 +20,25 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from gapo.entrance import GroupEntrances, group_entrances, majority_entrance
 
 SAMPLES_FILE = "samples.jsonl"
 
 
+_COUNTS = ("n", "correct", "response_tokens", "truncated", "format_errors", "timeouts")
+
+
 @dataclass
 class ProblemStats:
-    """What the reports need of one problem's records: counts, never the responses."""
+    """What the reports need of one problem's records: counts, never the responses.
+
+    ``moves``: per first move (a tuple of token ids, the record's ``entrance``) ``[samples, correct ones, lowest
+    sample index]``; the index keeps :func:`gapo.entrance.majority_entrance`'s tie-break (first in sample order)
+    whatever order the records came in. A record without ``entrance`` adds to the counts only.
+    """
 
     n: int = 0  # samples
     correct: int = 0
@@ -34,20 +46,60 @@ class ProblemStats:
     truncated: int = 0  # finish_reason == "length"
     format_errors: int = 0
     timeouts: int = 0
+    moves: dict[tuple, list[int]] = field(default_factory=dict)
 
     def add(self, rec: dict) -> None:
         """Count one record in."""
+        sample = int(rec.get("sample", self.n))
         self.n += 1
         self.correct += bool(rec.get("correct"))
         self.response_tokens += int(rec.get("response_tokens") or 0)
         self.truncated += rec.get("finish_reason") == "length"
         self.format_errors += bool(rec.get("format_error"))
         self.timeouts += bool(rec.get("timeout"))
+        if rec.get("entrance") is not None:
+            self._count_move(tuple(int(t) for t in rec["entrance"]), 1, int(bool(rec.get("correct"))), sample)
+
+    def _count_move(self, move: tuple, n: int, correct: int, first: int) -> None:
+        seen = self.moves.setdefault(move, [0, 0, first])
+        seen[0] += n
+        seen[1] += correct
+        seen[2] = min(seen[2], first)
 
     def merge(self, other: ProblemStats) -> None:
-        """Add ``other``'s counts to these."""
-        for field in ("n", "correct", "response_tokens", "truncated", "format_errors", "timeouts"):
-            setattr(self, field, getattr(self, field) + getattr(other, field))
+        """Add ``other``'s counts (first moves included) to these."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for move, (n, correct, first) in other.moves.items():
+            self._count_move(move, n, correct, first)
+
+    @property
+    def has_entrances(self) -> bool:
+        """Whether every sample was counted with its first move (False when some record had no ``entrance``)."""
+        return self.n > 0 and sum(v[0] for v in self.moves.values()) == self.n
+
+    def _expanded(self) -> tuple[list[tuple], list[bool]]:
+        """One (move, success) per sample, the moves in order of their first sample: what
+        :mod:`gapo.entrance` takes, with the same distinct moves, counts and first-in-sample-order tie-break."""
+        moves, success = [], []
+        for move, (n, correct, _first) in sorted(self.moves.items(), key=lambda kv: kv[1][2]):
+            moves += [move] * n
+            success += [True] * correct + [False] * (n - correct)
+        return moves, success
+
+    def entrances(self) -> GroupEntrances | None:
+        """:func:`gapo.entrance.group_entrances` of this problem's samples (None without :attr:`has_entrances`)."""
+        return group_entrances(*self._expanded()) if self.has_entrances else None
+
+    def majority(self) -> tuple[int, int] | None:
+        """``(n_maj, c_maj)``: samples sharing the most common first move (:func:`gapo.entrance.majority_entrance`,
+        ties to the move seen first in sample order) and the correct ones among them; None without
+        :attr:`has_entrances`."""
+        if not self.has_entrances:
+            return None
+        moves, success = self._expanded()
+        chosen = majority_entrance(moves)
+        return len(chosen), sum(success[i] for i in chosen)
 
     @classmethod
     def of(cls, records: list[dict]) -> ProblemStats:

@@ -1,11 +1,13 @@
 """Summaries, markdown tables and pass@k plots from an evaluation's per-sample records.
 
 - :func:`summarize_run`: ``summary.json``'s content, recomputed from the records alone (so ``report`` can
-  rebuild it from ``samples.jsonl`` at any time, even from a stopped run);
-- :func:`results_table`: one run, shaped like the paper's tables (benchmarks as columns, rows pass@k in %,
-  then coverage and problems); :func:`comparison_tables`: several runs, one table per k (runs as rows);
-- :func:`plot_runs`: pass@k curves per benchmark (several runs side by side) over the solve-rate
-  distribution, as a PNG (matplotlib, imported only here).
+  rebuild it from ``samples.jsonl`` at any time, even from a stopped run), with each benchmark's ``entrance``
+  block (:func:`entrance_summary`: breadth at the first move and pass@k below it);
+- :func:`results_table`: one run, shaped like the paper's tables (benchmarks as columns, rows pass@k in %, each
+  with pass@k over the majority entrance below it, then coverage, problems and the entrance rows);
+  :func:`comparison_tables`: several runs, one table per k (runs as rows);
+- :func:`plot_runs`: pass@k curves per benchmark (several runs side by side; dashed: over the majority entrance)
+  over the solve-rate distribution, as a PNG (matplotlib, imported only here).
 """
 
 from __future__ import annotations
@@ -14,23 +16,68 @@ import itertools
 import json
 import math
 from collections import defaultdict
+from fractions import Fraction
 from pathlib import Path
 
-from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning, default_ks, spread, summarize
+from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning, default_ks, pass_at_k_exact, spread, summarize
 
 SUMMARY_FILE, TABLE_FILE, PLOT_FILE, RUN_FILE = "summary.json", "results.md", "passk.png", "run.json"
 AGGREGATE_FILE, AGGREGATE_TABLE_FILE = "aggregate.json", "aggregate.md"
 
 
-def benchmark_summary(problems: list, n: int, coverage_threshold: float, total_rows: int | None = None) -> dict:
+def majority_pass_at_k(majorities: list[tuple[int, int]], k: int) -> float:
+    """Mean over problems of the unbiased pass@k over each problem's majority-entrance samples, one ``(n_maj,
+    c_maj)`` per problem, with k capped at n_maj: for k > n_maj it is pass@n_maj, "any majority-entrance sample
+    correct" (1 if c_maj > 0, else 0). Summed as exact fractions, rounded once (NaN for no problem)."""
+    if not majorities:
+        return float("nan")
+    exact = sum((pass_at_k_exact(n, c, min(k, n)) for n, c in majorities), Fraction(0))
+    return float(exact / len(majorities))
+
+
+def entrance_summary(stats: list, ks: list[int], settings: dict) -> dict | None:
+    """A benchmark's ``entrance`` block from its problems' :class:`eval.records.ProblemStats` (None when some
+    problem has samples without a recorded first move, e.g. records of an older run, or there is no problem).
+
+    Per problem of n samples (:mod:`gapo.entrance`): distinct first moves / n; the majority entrance (the most
+    common first move, ties to the first in sample order) with its n_maj samples and c_maj correct ones; and, with
+    c >= 1 correct samples, the share of them whose first move no other sample took. Returned, JSON-ready:
+    ``{"tokens", "until_newline"`` (the run's settings), ``"problems", "distinct_frac_mean", "majority_size_mean"``
+    (mean n_maj / n), ``"majority_pass@k": {k: mean over problems of pass@min(k, n_maj) over the majority
+    entrance}`` (:func:`majority_pass_at_k`), ``"unique_success_frac_mean"`` (over the ``"problems_with_success"``;
+    None when there is none) ``}``.
+    """
+    if not stats or not all(s.has_entrances for s in stats):
+        return None
+    groups = [s.entrances() for s in stats]
+    majorities = [s.majority() for s in stats]
+    unique = [g.unique_success_frac for g in groups if g.successes]
+    return {
+        "tokens": settings.get("tokens"),
+        "until_newline": settings.get("until_newline"),
+        "problems": len(stats),
+        "distinct_frac_mean": sum(g.distinct_frac for g in groups) / len(groups),
+        "majority_size_mean": sum(n_maj / s.n for (n_maj, _), s in zip(majorities, stats)) / len(stats),
+        "majority_pass@k": {str(k): majority_pass_at_k(majorities, k) for k in ks},
+        "unique_success_frac_mean": sum(unique) / len(unique) if unique else None,
+        "problems_with_success": len(unique),
+    }
+
+
+def benchmark_summary(problems: list, n: int, coverage_threshold: float, total_rows: int | None = None,
+                      entrance: dict | None = None) -> dict:
     """One benchmark: pass@k etc. over its finished problems, each a :class:`eval.records.ProblemStats` (or a
-    list of its n records)."""
+    list of its n records); ``entrance``: the run's entrance settings (``tokens``, ``until_newline``) for the
+    ``entrance`` block (:func:`entrance_summary`; absent when the records have no first moves)."""
     from eval.records import ProblemStats
 
     stats = [p if isinstance(p, ProblemStats) else ProblemStats.of(p) for p in problems]
     counts = [(s.n, s.correct) for s in stats]
     out = summarize(counts, default_ks(n), coverage_threshold) if counts else summarize([], None, coverage_threshold)
     out["problems_total"] = total_rows if total_rows is not None else len(stats)
+    block = entrance_summary(stats, default_ks(n), entrance or {})
+    if block is not None:
+        out["entrance"] = block
     samples = sum(s.n for s in stats)
 
     def frac(field):
@@ -55,6 +102,7 @@ def summarize_run(done: dict, config: dict, benchmarks: dict[str, dict]) -> dict
     """
     n = int(config["n"])
     threshold = float(config.get("coverage_threshold", DEFAULT_COVERAGE_THRESHOLD))
+    entrance = {"tokens": config.get("entrance_tokens"), "until_newline": config.get("entrance_until_newline")}
     by_bench: dict[str, list] = defaultdict(list)
     for (bench, problem), recs in sorted(done.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         by_bench[bench].append(recs)
@@ -63,7 +111,8 @@ def summarize_run(done: dict, config: dict, benchmarks: dict[str, dict]) -> dict
     for name in names:
         meta = benchmarks.get(name, {})
         results[name] = {"path": meta.get("path"),
-                         **benchmark_summary(by_bench.get(name, []), n, threshold, meta.get("problems_total"))}
+                         **benchmark_summary(by_bench.get(name, []), n, threshold, meta.get("problems_total"),
+                                             entrance)}
     complete = all(r["problems"] == r["problems_total"] for r in results.values())
     return {"config": config, "ks": default_ks(n), "complete": complete, "benchmarks": results}
 
@@ -77,8 +126,28 @@ def _mean(values):
     return sum(values) / len(values) if values else float("nan")
 
 
+NA = "n/a"  # a table cell for a benchmark whose records have no first moves (an older run)
+
+
+def _entrance_cell(bench: dict | None, key: str, k: int | None = None) -> float | None | str:
+    """One number of a benchmark's ``entrance`` block (with ``k``: ``majority_pass@k`` at k), or :data:`NA`."""
+    block = (bench or {}).get("entrance")
+    if not block:
+        return NA
+    return block["majority_pass@k"].get(str(k)) if k is not None else block.get(key)
+
+
+def _cells(values: list, avg: bool) -> list[str]:
+    """Percent cells of one row, plus their mean when ``avg`` (n/a where a benchmark, or for the mean any, is)."""
+    cells = [v if v == NA else _pct(v) for v in values]
+    if avg:
+        cells.append(NA if NA in values else _pct(_mean(values)))
+    return cells
+
+
 def results_table(summary: dict, title: str | None = None) -> str:
-    """Markdown: benchmarks as columns (and their mean when there are several), rows pass@k in %."""
+    """Markdown: benchmarks as columns (and their mean when there are several), rows pass@k in %, each followed by
+    pass@k over the majority entrance, then coverage, problems and the entrance rows (n/a without first moves)."""
     benches = summary["benchmarks"]
     names = list(benches)
     avg = len(names) > 1
@@ -89,17 +158,25 @@ def results_table(summary: dict, title: str | None = None) -> str:
     if title:
         lines += [f"## {title}", ""]
     lines += ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+
+    def row(label, values):
+        lines.append("| " + " | ".join([label, *_cells(values, avg)]) + " |")
+
     for k in summary["ks"]:
-        vals = [benches[b]["pass@k"].get(str(k)) for b in names]
-        lines.append("| " + " | ".join([f"pass@{k}", *map(_pct, vals), *([_pct(_mean(vals))] if avg else [])]) + " |")
+        row(f"pass@{k}", [benches[b]["pass@k"].get(str(k)) for b in names])
+        row(f"pass@{k}, majority entrance", [_entrance_cell(benches[b], "majority_pass@k", k) for b in names])
     cov = [f"{benches[b]['coverage']['problems']} / {benches[b]['problems']}" for b in names]
     lines.append("| " + " | ".join([f"coverage (solve rate > {100 * threshold:g}%)", *cov, *([""] if avg else [])])
                  + " |")
     done = [f"{benches[b]['problems']}" + ("" if benches[b]["problems"] == benches[b]["problems_total"]
                                           else f" of {benches[b]['problems_total']}") for b in names]
     lines.append("| " + " | ".join(["problems", *done, *([""] if avg else [])]) + " |")
+    row("entrance distinct (%)", [_entrance_cell(benches[b], "distinct_frac_mean") for b in names])
+    row("majority entrance share (%)", [_entrance_cell(benches[b], "majority_size_mean") for b in names])
+    row("unique-entrance successes (%)", [_entrance_cell(benches[b], "unique_success_frac_mean") for b in names])
     lines.append("")
     lines.append(_settings_line(cfg))
+    lines += ["", _entrance_line(cfg)]
     warning = coverage_warning(int(cfg["n"]), threshold) if "n" in cfg else None
     if warning:
         lines += ["", f"Note: {warning}."]
@@ -110,6 +187,19 @@ def _settings_line(cfg: dict) -> str:
     keys = ("n", "temperature", "top_p", "max_new_tokens", "seed", "backend")
     shown = ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
     return f"pass@k in %, unbiased estimator over problems ({shown}); model: `{cfg.get('model', '?')}`."
+
+
+def _entrance_line(cfg: dict) -> str:
+    """What the entrance rows mean, with the run's first-move setting."""
+    m = cfg.get("entrance_tokens")
+    move = ("first move: not recorded (an older run)" if m is None else
+            f"first move = the first {m} response tokens" + (", up to the first newline" if
+                                                              cfg.get("entrance_until_newline") else ""))
+    return (f"Entrance ({move}): distinct = distinct first moves / n, averaged over problems; majority entrance = "
+            "the samples sharing a problem's most common first move (ties: the first in sample order), share = "
+            "their count / n; pass@k, majority entrance = pass@k over those samples alone, k capped at their count; "
+            "unique-entrance successes = correct samples whose first move no other sample took / correct samples, "
+            "over problems with a success. n/a: the records have no first moves.")
 
 
 def histogram_table(summary: dict) -> str:
@@ -143,7 +233,8 @@ def results_markdown(summary: dict, title: str) -> str:
 
 def comparison_tables(runs: list[tuple[str, dict]], ks: list[int] | None = None) -> str:
     """Several runs, as the paper compares methods: per k (default: 1 and the largest k all runs have), a table
-    with runs as rows and benchmarks as columns; then coverage."""
+    with runs as rows and benchmarks as columns, each run followed by its pass@k over the majority entrance; then
+    coverage and entrance distinct (n/a for a run whose records have no first moves)."""
     names: list[str] = []
     for _label, s in runs:
         names += [b for b in s["benchmarks"] if b not in names]
@@ -151,12 +242,17 @@ def comparison_tables(runs: list[tuple[str, dict]], ks: list[int] | None = None)
     ks = [k for k in (ks or sorted({1, common[-1]} if common else set())) if k in common]
     avg = len(names) > 1
     out = []
+
+    def row(label, values):
+        out.append("| " + " | ".join([label, *_cells(values, avg)]) + " |")
+
     for k in ks:
         out += [f"## pass@{k} (%)", "", "| run | " + " | ".join(names + (["avg"] if avg else [])) + " |",
                 "| --- |" + " ---: |" * (len(names) + avg)]
         for label, s in runs:
-            vals = [s["benchmarks"].get(b, {}).get("pass@k", {}).get(str(k)) for b in names]
-            out.append("| " + " | ".join([label, *map(_pct, vals), *([_pct(_mean(vals))] if avg else [])]) + " |")
+            row(label, [s["benchmarks"].get(b, {}).get("pass@k", {}).get(str(k)) for b in names])
+            row(f"{label}, majority entrance",
+                [_entrance_cell(s["benchmarks"].get(b), "majority_pass@k", k) for b in names])
         out.append("")
     threshold = runs[0][1].get("config", {}).get("coverage_threshold", DEFAULT_COVERAGE_THRESHOLD)
     out += [f"## coverage (problems with solve rate > {100 * threshold:g}%)", "",
@@ -165,6 +261,16 @@ def comparison_tables(runs: list[tuple[str, dict]], ks: list[int] | None = None)
         cells = [f"{s['benchmarks'][b]['coverage']['problems']} / {s['benchmarks'][b]['problems']}"
                  if b in s["benchmarks"] else "-" for b in names]
         out.append("| " + " | ".join([label, *cells]) + " |")
+    out += ["", "## entrance distinct (%): distinct first moves / n, averaged over problems", "",
+            "| run | first move | " + " | ".join(names + (["avg"] if avg else [])) + " |",
+            "| --- | --- |" + " ---: |" * (len(names) + avg)]
+    for label, s in runs:
+        cfg = s.get("config", {})
+        move = ("-" if cfg.get("entrance_tokens") is None else
+                f"{cfg['entrance_tokens']} tokens" + (" or to a newline" if cfg.get("entrance_until_newline") else ""))
+        out.append("| " + " | ".join([label, move, *_cells([_entrance_cell(s["benchmarks"].get(b),
+                                                                            "distinct_frac_mean") for b in names],
+                                                           avg)]) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -274,8 +380,9 @@ def load_run(path: str | Path) -> tuple[str, dict]:
 
 
 def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None = None, max_cols: int = 5) -> Path:
-    """PNG: per benchmark, pass@k against k (log2 axis, one line per run) above its solve-rate histogram;
-    benchmarks fill rows of ``max_cols``."""
+    """PNG: per benchmark, pass@k against k (log2 axis, one colour per run: solid over all samples, dashed over the
+    majority-entrance samples where the records have first moves) above its solve-rate histogram; benchmarks fill
+    rows of ``max_cols``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,6 +399,7 @@ def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None =
         axes[2 * (j // cols)][j % cols].axis("off")
         axes[2 * (j // cols) + 1][j % cols].axis("off")
     width = 0.8 / max(1, len(runs))
+    dashed = False  # some run has a majority-entrance curve
     for j, bench in enumerate(names):
         top, bottom = axes[2 * (j // cols)][j % cols], axes[2 * (j // cols) + 1][j % cols]
         for r, (label, s) in enumerate(runs):
@@ -299,7 +407,13 @@ def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None =
             if not b or not b["problems"]:
                 continue
             ks = sorted(int(k) for k in b["pass@k"])
-            top.plot(ks, [100 * b["pass@k"][str(k)] for k in ks], marker="o", ms=3, label=label)
+            (line,) = top.plot(ks, [100 * b["pass@k"][str(k)] for k in ks], marker="o", ms=3, label=label)
+            majority = (b.get("entrance") or {}).get("majority_pass@k")
+            if majority:  # below the entrance: the same run's samples that share the most common first move
+                mks = sorted(int(k) for k in majority)
+                top.plot(mks, [100 * majority[str(k)] for k in mks], ls="--", marker="o", ms=2,
+                         color=line.get_color(), mfc="none")
+                dashed = True
             hist = b["solve_rate"]["histogram"]
             xs = [e["solved"] / e["of"] for e in hist]
             total = max(1, b["problems"])
@@ -328,6 +442,12 @@ def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None =
         for ax in row:
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 legend.setdefault(label, handle)
+    if dashed:  # which line style is which (colour = run)
+        from matplotlib.lines import Line2D
+
+        legend["pass@k, all samples"] = Line2D([], [], color="0.3", marker="o", ms=3)
+        legend["pass@k, majority-entrance samples"] = Line2D([], [], color="0.3", ls="--", marker="o", ms=2,
+                                                             mfc="none")
     handles, labels = list(legend.values()), list(legend)
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
