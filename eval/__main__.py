@@ -14,8 +14,10 @@ Benchmarks: parquet paths, or names under ``$GAPO_DATA_DIR`` (``math/``, ``code/
 
 Writes into OUT: ``samples.jsonl`` (one line per sample, appended per problem: rerunning the same command
 skips finished problems), ``run.json`` (settings), ``summary.json`` (pass@k for k = 1, 2, 4, ..., n averaged
-over problems, coverage, solve-rate histogram, per benchmark), ``results.md`` (the paper-shaped table)
-and ``passk.png``.
+over problems, coverage, solve-rate histogram, and the ``entrance`` block: distinct first moves per problem and
+pass@k over the samples sharing the most common first move, per benchmark), ``results.md`` (the paper-shaped
+table) and ``passk.png``. A first move is a response's first ``--entrance-tokens`` M tokens (default 8), with
+``--entrance-until-newline`` cut after its first newline (:mod:`gapo.entrance`).
 
 Several checkpoints (``--run-dir``, a run's checkpoint folder holding ``global_step_N/``, and ``--steps``:
 ``START:END`` every checkpoint there with START <= N <= END, ``START:END:STRIDE`` those with (N - START) a
@@ -38,6 +40,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from gapo.entrance import DEFAULT_ENTRANCE_TOKENS  # pure python, as this process may only supervise
 
 SUBCOMMANDS = ("report", "plot", "aggregate")
 STEP_PREFIX = "global_step_"
@@ -119,6 +123,19 @@ def select_checkpoints(run_dir: str | Path, spec: str) -> list[tuple[int, Path]]
     return chosen
 
 
+def _entrance_tokens(value: str) -> int:
+    """``--entrance-tokens``: an integer >= 1 (argparse names the flag in front of the message)."""
+    try:
+        m = int(value)
+    except ValueError:
+        m = 0
+    if m < 1:
+        raise argparse.ArgumentTypeError(
+            f"got {value!r}: a response's first move is its first M response tokens, so M must be an integer >= 1; "
+            f"use e.g. --entrance-tokens {DEFAULT_ENTRANCE_TOKENS} (the default)")
+    return m
+
+
 def _positive_seconds(value: str) -> float:
     seconds = float(value)
     if not seconds > 0:
@@ -172,6 +189,12 @@ def eval_parser() -> argparse.ArgumentParser:
                    help="hard wall-clock limit of the whole run (default: none): past it the run and its child "
                         "processes are killed, leaked /dev/shm segments removed, and it exits with EvalTimeout "
                         f"(code {TIMEOUT_EXIT}); finished problems are kept (the same command resumes)")
+    p.add_argument("--entrance-tokens", type=_entrance_tokens, default=DEFAULT_ENTRANCE_TOKENS, metavar="M",
+                   help=f"a response's first move (entrance) is its first M tokens (default {DEFAULT_ENTRANCE_TOKENS}); "
+                        "reported: distinct first moves per problem and "
+                        "pass@k over the samples sharing the most common one (docs/evaluation.md)")
+    p.add_argument("--entrance-until-newline", action="store_true",
+                   help="the first move ends after its first token that decodes to a newline (at most M tokens)")
     p.add_argument("--cache-dir", default=None,
                    help="converted verl checkpoints (default $GAPO_EVAL_CACHE or ~/.cache/gapo/eval_models)")
     p.add_argument("--label", default=None, help="name of this run in tables and plots (default: OUT's name)")
@@ -287,7 +310,8 @@ def _config(args, model: str, out: str, label: str | None):
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_bytes=args.kv_cache_bytes, cache_dir=args.cache_dir, label=label, stop_after=args.stop_after,
-        progress=not args.no_progress)
+        progress=not args.no_progress, entrance_tokens=args.entrance_tokens,
+        entrance_until_newline=args.entrance_until_newline)
 
 
 def run_checkpoints(args, checkpoints: list[tuple[int, Path]], evaluate_fn=None) -> int:

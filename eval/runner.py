@@ -10,6 +10,10 @@ with n > batch_size is split into slices of ``batch_size`` samples, written as t
 scored-but-unwritten calls wait, and the store keeps per-problem counts only. Every sample keeps its own
 seed (:func:`eval.generate.sample_seed`), and slices start at multiples of ``batch_size``, where the HF
 backend starts a new generator chunk anyway: the records are the same as generating the problem whole.
+
+Each record's ``entrance`` (its first move, :func:`gapo.entrance.first_move`) is cut here from the first
+``entrance_tokens`` token ids the backend returns with each completion; with ``entrance_until_newline`` it ends
+after the first token whose decoded text holds a newline (:func:`eval.generate.newline_token_ids`, once per run).
 """
 
 from __future__ import annotations
@@ -23,13 +27,27 @@ from pathlib import Path
 
 from eval.checkpoint import resolve_model
 from eval.data import Benchmark, Problem, load_benchmarks
-from eval.generate import Request, SamplingConfig, encode_prompt, make_backend, render_prompt, sample_seed
+from eval.generate import (
+    Request,
+    SamplingConfig,
+    encode_prompt,
+    make_backend,
+    newline_token_ids,
+    render_prompt,
+    sample_seed,
+)
 from eval.records import SampleStore
 from eval.report import RUN_FILE, summarize_run, write_reports
+from gapo.entrance import DEFAULT_ENTRANCE_TOKENS, first_move
 from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning
 
-# Settings that change what is sampled or how it is judged: a resumed run must use the same ones.
-RESUME_KEYS = ("model", "n", "temperature", "top_p", "max_new_tokens", "seed", "require_think")
+# Settings that change what is sampled, how it is judged or what a record's first move is: a resumed run must use the
+# same ones.
+RESUME_KEYS = ("model", "n", "temperature", "top_p", "max_new_tokens", "seed", "require_think", "entrance_tokens",
+               "entrance_until_newline")
+# Recorded since first moves were: a run.json without them (an older run, whose records have no `entrance`) may be
+# resumed; its benchmarks then report no entrance metrics (n/a) until rerun into a fresh folder.
+LATER_KEYS = ("entrance_tokens", "entrance_until_newline")
 THINK_OPEN = "<think>"
 
 
@@ -60,6 +78,19 @@ class EvalConfig:
     label: str | None = None
     stop_after: int | None = None  # stop after recording this many problems (time-boxed jobs; rerun resumes)
     progress: bool = True
+    entrance_tokens: int = DEFAULT_ENTRANCE_TOKENS  # m: a response's first move is its first m tokens
+    entrance_until_newline: bool = False  # the first move ends after its first newline-bearing token (at most m)
+
+    def __post_init__(self):
+        """Check the first-move length before anything loads.
+
+        Raises:
+            ValueError: ``entrance_tokens`` is not an integer >= 1.
+        """
+        m = self.entrance_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"entrance_tokens = {m!r} (--entrance-tokens): a response's first move needs at least one "
+                             f"token; give an integer >= 1 (default {DEFAULT_ENTRANCE_TOKENS})")
 
 
 class Stopped(Exception):
@@ -87,7 +118,8 @@ def _check_resume(out: Path, run: dict) -> dict:
     if not path.is_file():
         return {}
     old = json.loads(path.read_text())
-    diff = {k: (old.get(k), run.get(k)) for k in RESUME_KEYS if old.get(k) != run.get(k)}
+    diff = {k: (old.get(k), run.get(k)) for k in RESUME_KEYS
+            if old.get(k) != run.get(k) and not (k in LATER_KEYS and k not in old)}
     if diff:
         lines = "\n".join(f"  {k}: recorded {a!r}, now {b!r}" for k, (a, b) in diff.items())
         raise SystemExit(f"error: {out} holds an evaluation with other settings:\n{lines}\n"
@@ -97,9 +129,12 @@ def _check_resume(out: Path, run: dict) -> dict:
     return old
 
 
-def _records(problem: Problem, seeds: list[int], completions, results: list[dict], first: int = 0) -> list[dict]:
+def _records(problem: Problem, seeds: list[int], completions, results: list[dict], first: int = 0,
+             move_of=None) -> list[dict]:
     """One JSONL record per completion of ``problem``, samples numbered from ``first``, with the reward's other scalar
-    fields (anything else as its ``str``)."""
+    fields (anything else as its ``str``). ``move_of``: a completion's first token ids to its first move (the
+    record's ``entrance``, a list of token ids); without it, or for a completion without ``head_ids``, no
+    ``entrance``."""
     recs = []
     for i, (seed, comp, res) in enumerate(zip(seeds, completions, results, strict=True), start=first):
         rec = {"benchmark": problem.benchmark, "problem": problem.index, "id": problem.id,
@@ -107,6 +142,8 @@ def _records(problem: Problem, seeds: list[int], completions, results: list[dict
                "pred": res.get("pred", ""), "correct": bool(res.get("acc", False)),
                "score": float(res.get("score", 0.0)), "finish_reason": comp.finish_reason,
                "response_tokens": comp.tokens}
+        if move_of is not None and getattr(comp, "head_ids", None) is not None:
+            rec["entrance"] = list(move_of(comp.head_ids))
         for key, value in res.items():
             if key not in ("pred", "acc", "score") and key not in rec:
                 rec[key] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
@@ -174,7 +211,8 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
     run = {"model": cfg.model, "model_path": resolved.path, "model_kind": resolved.kind, "step": resolved.step,
            "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens,
            "seed": cfg.seed, "require_think": require_think, "backend": backend_name,
-           "coverage_threshold": cfg.coverage_threshold, "label": cfg.label or out.resolve().name}
+           "coverage_threshold": cfg.coverage_threshold, "entrance_tokens": cfg.entrance_tokens,
+           "entrance_until_newline": cfg.entrance_until_newline, "label": cfg.label or out.resolve().name}
     previous = _check_resume(out, run)
     # every benchmark this folder has records for, earlier runs' first (report rebuilds from this)
     run["benchmarks"] = {**previous.get("benchmarks", {}),
@@ -194,16 +232,22 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
     gen_s = 0.0
     stopped = False
     if todo:
+        newline_ids = newline_token_ids(tokenizer) if cfg.entrance_until_newline else None
+        m = cfg.entrance_tokens
+
+        def move_of(head_ids):
+            return first_move(head_ids, m, newline_ids)
+
         batch_size = cfg.batch_size or (16 if backend_name == "hf" else 4096)
         sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
         factory = backend_factory or make_backend
         backend = factory(backend_name, resolved.path, sampling, batch_size=batch_size, dtype=cfg.dtype,
                           tp=cfg.tensor_parallel_size, dp=cfg.data_parallel_size, max_model_len=cfg.max_model_len,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, seed=cfg.seed,
-                          kv_cache_bytes=cfg.kv_cache_bytes)
+                          kv_cache_bytes=cfg.kv_cache_bytes, head_tokens=cfg.entrance_tokens)
         try:
             gen_s, stopped = _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think,
-                                       compute_score_batch)
+                                       compute_score_batch, move_of)
         finally:
             backend.close()
     config = {k: v for k, v in run.items() if k != "benchmarks"}
@@ -217,7 +261,8 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
     return summary
 
 
-def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, score_fn) -> tuple[float, bool]:
+def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, score_fn,
+              move_of=None) -> tuple[float, bool]:
     """Generate, score and record ``todo``; returns (seconds spent generating, whether ``stop_after`` stopped it).
 
     Generation runs here; scoring and recording run in one background thread, at most two calls behind (bounded
@@ -251,7 +296,7 @@ def _run_loop(cfg, backend, tokenizer, todo, store, batch_size, require_think, s
             if stop_now():
                 raise Stopped
             finished = store.append(_records(piece.problem, piece.seeds, comps, results[pos:pos + len(comps)],
-                                             piece.first))
+                                             piece.first, move_of))
             pos += len(comps)
             recorded += len(finished)
             score_bar.update(len(comps))
