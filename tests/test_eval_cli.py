@@ -143,6 +143,9 @@ def test_end_to_end_from_a_verl_checkpoint_and_resume(e2e):
     for r in records:
         by_problem.setdefault((r["benchmark"], r["problem"]), []).append(r)
     assert all(sorted(r["sample"] for r in rs) == [0, 1, 2, 3] for rs in by_problem.values())
+    # first moves: the default m = 8 tokens, or the whole response when shorter (8 new tokens here)
+    assert run["entrance_tokens"] == 8 and all(len(r["entrance"]) == min(8, r["response_tokens"]) for r in records)
+    assert all(0 < b["entrance"]["distinct_frac_mean"] <= 1 for b in summary["benchmarks"].values())
     table = _table_numbers((full / "results.md").read_text())
     for name, bench in summary["benchmarks"].items():
         cs = [sum(r["correct"] for r in rs) for (b, _), rs in by_problem.items() if b == name]

@@ -15,7 +15,8 @@ from tests.eval_helpers import prepare_math, write_code_benchmark
 
 
 class ScriptedBackend:
-    """Answers problem p's sample i right iff i < c(p) = (problem index) % (n + 1): known pass@k."""
+    """Answers problem p's sample i right iff i < c(p) = (problem index) % (n + 1): known pass@k. First token ids:
+    [1] for a right answer, [0, i % 2] for a wrong one (first moves that repeat)."""
 
     name = "scripted"
 
@@ -46,7 +47,8 @@ class ScriptedBackend:
             comps = []
             for seed in req.seeds:
                 p, i = self.by_seed[seed]
-                comps.append(Completion(self.answer(p, i < self.expected_c(p.index)), 5, "stop"))
+                right = i < self.expected_c(p.index)
+                comps.append(Completion(self.answer(p, right), 5, "stop", [1] if right else [0, i % 2]))
             out.append(comps)
         return out
 
@@ -136,7 +138,14 @@ def test_large_n_runs_in_bounded_calls_keeps_counts_only_and_resumes_mid_problem
     done = SampleStore(tmp_path / "out", n).load()
     assert all(isinstance(s, ProblemStats) for s in done.values())
     assert sorted((s.n, s.correct) for s in done.values()) == [(256, 3), (256, 103)]
-    assert not any(isinstance(v, (list, dict, str)) for s in done.values() for v in vars(s).values())
+    assert not any(isinstance(v, (list, dict, str)) for s in done.values() for k, v in vars(s).items() if k != "moves")
+    # per first move three counters, never a response: right (1,), wrong (0, 0) and (0, 1)
+    assert [sorted(s.moves) for s in done.values()] == [[(0, 0), (0, 1), (1,)]] * 2
+    assert all(isinstance(x, int) for s in done.values() for counts in s.moves.values() for x in counts)
+    # majority entrance: problem 0 (3 right): wrong samples 3..255 are 127 odd (0, 1) and 126 even (0, 0) -> (127, 0);
+    # problem 1 (103 right): (1,) 103 times beats 77 odd and 76 even wrong ones -> (103, 103)
+    assert sorted(s.majority() for s in done.values()) == [(103, 103), (127, 0)]
+    assert bench["entrance"]["majority_pass@k"]["256"] == 0.5  # k capped at n_maj: any majority sample right
 
     path = tmp_path / "out" / "samples.jsonl"
     records = path.read_text().splitlines(keepends=True)
