@@ -193,8 +193,8 @@ def _entrance_line(cfg: dict) -> str:
     """What the entrance rows mean, with the run's first-move setting."""
     m = cfg.get("entrance_tokens")
     move = ("first move: not recorded (an older run)" if m is None else
-            f"first move = the first {m} response tokens" + (", up to the first newline" if
-                                                              cfg.get("entrance_until_newline") else ""))
+            ("first move = the first response token" if m == 1 else f"first move = the first {m} response tokens")
+            + (", up to the first newline" if cfg.get("entrance_until_newline") else ""))
     return (f"Entrance ({move}): distinct = distinct first moves / n, averaged over problems; majority entrance = "
             "the samples sharing a problem's most common first move (ties: the first in sample order), share = "
             "their count / n; pass@k, majority entrance = pass@k over those samples alone, k capped at their count; "
@@ -407,7 +407,9 @@ def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None =
             if not b or not b["problems"]:
                 continue
             ks = sorted(int(k) for k in b["pass@k"])
-            (line,) = top.plot(ks, [100 * b["pass@k"][str(k)] for k in ks], marker="o", ms=3, label=label)
+            colour = f"C{r % 10}"  # the run's colour in every panel, also where an earlier run lacks the benchmark
+            (line,) = top.plot(ks, [100 * b["pass@k"][str(k)] for k in ks], marker="o", ms=3, label=label,
+                               color=colour)
             majority = (b.get("entrance") or {}).get("majority_pass@k")
             if majority:  # below the entrance: the same run's samples that share the most common first move
                 mks = sorted(int(k) for k in majority)
@@ -419,7 +421,7 @@ def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None =
             total = max(1, b["problems"])
             step = min((x2 - x1 for x1, x2 in itertools.pairwise(xs) if x2 > x1), default=1.0)
             bottom.bar([x + (r - (len(runs) - 1) / 2) * width * step for x in xs],
-                       [100 * e["problems"] / total for e in hist], width=width * step, label=label)
+                       [100 * e["problems"] / total for e in hist], width=width * step, label=label, color=colour)
         top.set_xscale("log", base=2)
         all_ks = sorted({int(k) for _, s in runs if bench in s["benchmarks"] for k in s["benchmarks"][bench]["pass@k"]})
         top.set_xticks(all_ks, [str(k) for k in all_ks])
@@ -446,14 +448,15 @@ def plot_runs(runs: list[tuple[str, dict]], out: str | Path, title: str | None =
         from matplotlib.lines import Line2D
 
         legend["pass@k, all samples"] = Line2D([], [], color="0.3", marker="o", ms=3)
-        legend["pass@k, majority-entrance samples"] = Line2D([], [], color="0.3", ls="--", marker="o", ms=2,
-                                                             mfc="none")
+        legend["pass@k, majority entrance"] = Line2D([], [], color="0.3", ls="--", marker="o", ms=2, mfc="none")
     handles, labels = list(legend.values()), list(legend)
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+        ncol = min(4, len(labels), 2 * cols)  # about two entries per 3-inch column fit side by side
+        legend_rows = math.ceil(len(labels) / ncol)
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.3 * legend_rows / fig.get_figheight() if handles else 0, 1, 1))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

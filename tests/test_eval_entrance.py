@@ -157,7 +157,7 @@ def test_tables_report_and_plot_show_the_entrance_numbers(tmp_path, monkeypatch)
     assert len(solid) == 1 and len(dashed) == 1 and solid[0].get_color() == dashed[0].get_color()
     assert list(dashed[0].get_ydata()) == pytest.approx([100 / 6, 30, 40])
     legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
-    assert {"hand", "pass@k, all samples", "pass@k, majority-entrance samples"} <= set(legend)
+    assert {"hand", "pass@k, all samples", "pass@k, majority entrance"} <= set(legend)
 
 
 def test_entrance_tokens_below_one_is_a_clear_error_at_start(tmp_path):
