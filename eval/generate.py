@@ -83,24 +83,6 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-_NEWLINE_IDS: dict[tuple, frozenset[int]] = {}  # newline_token_ids' cache: (tokenizer name, vocab size) -> ids
-
-
-def newline_token_ids(tokenizer) -> frozenset[int]:
-    """The token ids whose decoded text holds a newline (``first_move``'s ``newline_ids`` for "until newline").
-
-    Every id of the vocabulary (added tokens included) is decoded once, in one ``batch_decode`` call (about a second
-    for a 150k vocabulary), and the set is cached per (tokenizer name, vocabulary size) for the process.
-    """
-    size = len(tokenizer)
-    key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), size)
-    if key not in _NEWLINE_IDS:
-        texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False,
-                                       clean_up_tokenization_spaces=False)
-        _NEWLINE_IDS[key] = frozenset(i for i, text in enumerate(texts) if "\n" in text)
-    return _NEWLINE_IDS[key]
-
-
 def visible_gpus() -> list[str]:
     """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else all that torch sees."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -13,7 +13,7 @@ backend starts a new generator chunk anyway: the records are the same as generat
 
 Each record's ``entrance`` (its first move, :func:`gapo.entrance.first_move`) is cut here from the first
 ``entrance_tokens`` token ids the backend returns with each completion; with ``entrance_until_newline`` it ends
-after the first token whose decoded text holds a newline (:func:`eval.generate.newline_token_ids`, once per run).
+after the first token whose decoded text holds a newline (:func:`gapo.entrance.newline_token_ids`, once per run).
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from eval.generate import (
     SamplingConfig,
     encode_prompt,
     make_backend,
-    newline_token_ids,
     render_prompt,
     sample_seed,
 )
 from eval.records import SampleStore
 from eval.report import RUN_FILE, summarize_run, write_reports
-from gapo.entrance import DEFAULT_ENTRANCE_TOKENS, first_move
+from gapo.entrance import DEFAULT_ENTRANCE_TOKENS, first_move, newline_token_ids
 from gapo.passk import DEFAULT_COVERAGE_THRESHOLD, coverage_warning
 
 # Settings that change what is sampled, how it is judged or what a record's first move is: a resumed run must use the

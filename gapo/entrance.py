@@ -2,7 +2,7 @@
 
 The first move of a response is its first ``m`` response tokens (``m`` = ``entrance_tokens``), or, with
 ``until_newline``, its tokens up to and including the first token whose text holds a newline, at most ``m`` of
-them. A response shorter than that is its own first move (an empty response has the empty move ``()``).
+them (those ids: `newline_token_ids` of the run's tokenizer). A response shorter than that is its own first move (an empty response has the empty move ``()``).
 
 For one group (the rollouts of one prompt, or the n samples of one evaluation problem) of size k with c
 successes:
@@ -108,3 +108,21 @@ def majority_entrance(moves: Sequence[Hashable]) -> list[int]:
     top = max(counts.values())
     chosen = next(move for move in moves if counts[move] == top)
     return [i for i, move in enumerate(moves) if move == chosen]
+
+
+_NEWLINE_IDS: dict[tuple, frozenset[int]] = {}  # newline_token_ids's cache: (tokenizer name, vocab size) -> ids
+
+
+def newline_token_ids(tokenizer) -> frozenset[int]:
+    """The token ids whose decoded text holds a newline (``first_move``'s ``newline_ids`` for "until newline").
+
+    Every id of the vocabulary (added tokens included) is decoded once, in one ``batch_decode`` call (about a second
+    for a 150k vocabulary), and the set is cached per (tokenizer name, vocabulary size) for the process.
+    """
+    size = len(tokenizer)
+    key = (getattr(tokenizer, "name_or_path", None) or id(tokenizer), size)
+    if key not in _NEWLINE_IDS:
+        texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False)
+        _NEWLINE_IDS[key] = frozenset(i for i, text in enumerate(texts) if "\n" in text)
+    return _NEWLINE_IDS[key]

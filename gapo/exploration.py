@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gapo.entrance import DEFAULT_ENTRANCE_TOKENS, Move, first_move, group_entrances
+from gapo.entrance import DEFAULT_ENTRANCE_TOKENS, Move, first_move, group_entrances, newline_token_ids  # noqa: F401
 from gapo.passk import DEFAULT_COVERAGE_THRESHOLD
 
 PREFIX = "gapo/explore/"
@@ -318,11 +318,3 @@ class CoverageWindow:
         if seen_all:
             out[COVERAGE_WINDOW_FRAC] = len(above_all) / len(seen_all)
         return out
-
-
-def newline_token_ids(tokenizer) -> frozenset[int]:
-    """The ids whose decoded text holds a newline (for first moves that end at the first newline); one pass over the
-    vocabulary, done once per run (about a second for a 150k vocabulary)."""
-    size = len(tokenizer)
-    texts = tokenizer.batch_decode([[i] for i in range(size)])
-    return frozenset(i for i, text in enumerate(texts) if "\n" in text)

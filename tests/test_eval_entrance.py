@@ -205,7 +205,7 @@ class HeadsBackend:
 def test_newline_mode_cuts_the_first_move_after_its_newline_and_resume_checks_the_setting(tmp_path, tiny_model):
     from transformers import AutoTokenizer
 
-    from eval.generate import newline_token_ids
+    from gapo.entrance import newline_token_ids
     from eval.runner import EvalConfig, evaluate
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
@@ -253,12 +253,11 @@ def test_hf_records_carry_the_first_m_response_token_ids(tmp_path, tiny_model):
         Request,
         SamplingConfig,
         encode_prompt,
-        newline_token_ids,
         render_prompt,
         sample_seed,
     )
     from eval.runner import EvalConfig, evaluate
-    from gapo.entrance import first_move
+    from gapo.entrance import first_move, newline_token_ids
     from gapo.smoke.task import make_dataset
 
     val = make_dataset(tmp_path / "smoke", n_train=1, n_val=3)["val"]

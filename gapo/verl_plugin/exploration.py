@@ -50,6 +50,7 @@ class StepExploration:
     computation."""
 
     def __init__(self, settings: ExplorationConfig):
+        """Start with an empty coverage window of `settings.coverage_window` steps."""
         self.settings = settings
         self.window = CoverageWindow(settings.coverage_window)
         self.newline_ids = None  # with entrance_until_newline: from the tokenizer, at the first step
