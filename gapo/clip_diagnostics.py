@@ -20,21 +20,24 @@ micro-batching and however many ranks add their sums.
 
 from __future__ import annotations
 
-import itertools
+import functools
 from typing import Sequence
 
 import torch
 
 from gapo.diagnostics import step_correlation
 from gapo.rate_buckets import CLIPFRAC_KR, bucket_ids, bucket_label, num_buckets
-from gapo.surrogate import SurrogateTerms, per_success_count_table
+from gapo.surrogate import SurrogateTerms
 
-# Columns of `gapo.surrogate.per_success_count_table`: per c, sums over the adaptive rollouts' real tokens of
-# (clipped, |ratio - 1|, 1, advantage), and their count.
+# What `diagnostic_sums` adds up, per rollout: over its real tokens, the clipped tokens, the log-ratio, the dual-clipped
+# tokens, the tokens, |ratio - 1| and the advantage; its upper clip; 1 when it got the adaptive bound. The first four
+# are what verl's metrics need (`batch_sums`).
+FIELDS = ("clipped", "log_ratio", "dual_clipped", "tokens", "ratio_dev", "advantage", "eps_high", "rollouts")
+BATCH_FIELDS = FIELDS[:4]
+# Reported per c, over the rollouts with the adaptive bound (`named_sums`)
 SUM_NAMES = ("clipped", "ratio_dev", "tokens", "rollouts", "advantage")
 # The same sums per (group size, success rate) bucket, the clip fraction's two columns only
 KR_SUM_NAMES = ("clipped", "tokens")
-KR_COLUMNS = [SUM_NAMES.index(name) for name in KR_SUM_NAMES]
 # Prefix of the raw sums a loss reports (`named_sums`: f"{SUMS_PREFIX}/c{c}/{name}", f"{SUMS_PREFIX}/kr{id}/{name}",
 # ...); verl's trainer logs the actor's metrics under "actor/", where `diagnostics_from_sums` takes them back out.
 SUMS_PREFIX = "gapo_sums"
@@ -45,6 +48,34 @@ RATIO_DEV_POS = "gapo/ratio_dev_pos/c"
 ADV_POS = "gapo/adv_pos/c"
 
 
+def table_rows(max_count: int) -> int:
+    """Rows of `diagnostic_sums`'s table: c = 0..max_count + 1, then (k, rate) bucket ids 0..num_buckets(max_count).
+
+    Rows c = 0 and c = max_count + 1 collect the rollouts whose c is out of range, bucket 0 those whose (c, k) is
+    (`gapo.rate_buckets.bucket_ids`); `named_sums` leaves the three out.
+    """
+    return max_count + 2 + num_buckets(max_count) + 1
+
+
+@functools.cache
+def _bucket_rows(max_count: int, device: torch.device) -> torch.Tensor:
+    """(max_count + 2) ** 2 long: entry c * (max_count + 2) + k is the table row of (c, k)'s bucket, for c and k
+    clamped to 0..max_count + 1 (`bucket_ids` of those, which is 0 wherever the unclamped pair's is). Built once per
+    (max_count, device), so that a call does a lookup instead of ~50 small ops and a host-to-device copy."""
+    with torch.inference_mode(False):  # an inference tensor could not be used outside inference mode later
+        side = torch.arange(max_count + 2)
+        c, k = side.repeat_interleave(max_count + 2), side.repeat(max_count + 2)
+        return (bucket_ids(c, k, max_count) + (max_count + 2)).to(device)
+
+
+def batch_sums(terms: SurrogateTerms) -> torch.Tensor:
+    """(4,) float32 sums over every rollout of `BATCH_FIELDS` (clipped tokens, log-ratio, dual-clipped tokens,
+    tokens): what verl's clip fractions and KL need. `diagnostic_sums` starts with the same four values."""
+    with torch.no_grad():
+        return torch.cat([terms.clipped_tokens, terms.log_ratio_sum, terms.dual_clipped_tokens, terms.tokens]).view(
+            len(BATCH_FIELDS), -1).sum(1)
+
+
 def diagnostic_sums(
     terms: SurrogateTerms,
     num_correct: torch.Tensor,
@@ -53,8 +84,14 @@ def diagnostic_sums(
     eps_high: torch.Tensor,
     advantage_sum: torch.Tensor,
     max_count: int,
-) -> list[torch.Tensor]:
-    """One micro-batch's diagnostic sums, on device, as three flat float32 parts (no host synchronisation).
+) -> torch.Tensor:
+    """One micro-batch's sums, on device, as one flat float32 vector (no host synchronisation; `named_sums` names it).
+
+    Per rollout, the `FIELDS` (one (len(FIELDS), B) matrix, a single concatenation); then their sums over every
+    rollout, their sums over the rollouts with the adaptive bound, and a table of the latter's sums by its c and by
+    its (k, rate) bucket (`table_rows`; one zeroed buffer, two index_add_). Sums, so that every ratio is exact over a
+    step however it is micro-batched. A few dozen small ops in all: on a GPU, where the loss is launch-bound, their
+    number is their cost (`recipe.bench.loss`).
 
     Args:
         terms: the surrogate's terms (`gapo.surrogate`), for B rollouts.
@@ -65,36 +102,52 @@ def diagnostic_sums(
         max_count: the largest group size of the step (the per-c table's rows c = 1..max_count).
 
     Returns:
-        [(2,) (sum of eps_high over adaptive rollouts, their count), the per-c table (max_count + 1, 5) flattened,
-        the (k, rate) bucket table (num_buckets(max_count) + 1, 2) flattened]; `named_sums` names them.
+        float32 (len(FIELDS) * (2 + table_rows(max_count)),): the sums over every rollout (its first four are
+        `batch_sums`), the sums over the adaptive rollouts, then the table, field by field (row-major
+        (len(FIELDS), table_rows(max_count))).
     """
     with torch.no_grad():
-        device = terms.tokens.device
-        c, k = num_correct.to(device), group_size.to(device)
-        table = per_success_count_table(terms, c, adaptive, max_count, advantage_sum)
-        # the same rollouts by (k, c / k) bucket: VIGOR's groups differ in size, so c alone mixes 1/2 with 1/47
-        buckets = bucket_ids(c, k, max_count)
-        kr_table = per_success_count_table(terms, buckets, adaptive, num_buckets(max_count), advantage_sum)[:, KR_COLUMNS]
-        scalars = torch.stack([(eps_high * adaptive).sum(), adaptive.sum()]).float()
-        return [scalars, table.reshape(-1), kr_table.reshape(-1)]
+        device, dtype = terms.tokens.device, terms.tokens.dtype
+        adaptive = adaptive.to(device)
+        per_rollout = torch.cat([
+            terms.clipped_tokens, terms.log_ratio_sum, terms.dual_clipped_tokens, terms.tokens, terms.ratio_dev_sum,
+            advantage_sum.to(device=device, dtype=dtype), eps_high.to(device=device, dtype=dtype), adaptive.to(dtype),
+        ]).view(len(FIELDS), -1)
+        # the adaptive rollouts' values, zero elsewhere (where rather than a product: another rollout's NaN stays out)
+        selected = torch.where(adaptive, per_rollout, 0.0)
+        totals = torch.cat([per_rollout, selected]).sum(1)
+        # row of each rollout's c (0 or max_count + 1 when out of range) and of its (k, rate) bucket
+        side = max_count + 1
+        c = num_correct.to(device=device, dtype=torch.long).clamp(0, side)
+        k = group_size.to(device=device, dtype=torch.long).clamp(0, side)
+        buckets = _bucket_rows(max_count, device).take(torch.add(k, c, alpha=side + 1))
+        table = torch.zeros(len(FIELDS), table_rows(max_count), dtype=dtype, device=device)
+        table.index_add_(1, c, selected).index_add_(1, buckets, selected)
+        return torch.cat([totals, table.view(-1)])
 
 
-def named_sums(flat: Sequence[float], sizes: Sequence[int]) -> dict[str, float]:
-    """Name the host values of `diagnostic_sums`'s parts, concatenated (`sizes`: each part's numel).
+def named_sums(flat: Sequence[float], max_count: int) -> dict[str, float]:
+    """Name the host values of `diagnostic_sums` (summed over micro-batches or processes, or not).
 
-    Returns `eps_high_sum`, `positive_rollouts`, f"c{c}/{name}" for c >= 1 and the names of SUM_NAMES, and
-    f"kr{id}/{name}" for bucket ids >= 1 and KR_SUM_NAMES. Every key is present (zeros where a c or bucket is absent),
-    so that sums from micro-batches and ranks add key by key.
+    Returns `eps_high_sum`, `positive_rollouts` (over the rollouts with the adaptive bound), f"c{c}/{name}" for
+    c = 1..max_count and the names of SUM_NAMES, and f"kr{id}/{name}" for bucket ids 1..num_buckets(max_count) and
+    KR_SUM_NAMES. Every key is present (zeros where a c or bucket is absent), so that sums from micro-batches and ranks
+    add key by key.
     """
-    if len(sizes) != 3 or sum(sizes) != len(flat):
-        raise ValueError(f"{len(flat)} values for diagnostic parts of sizes {list(sizes)}")
-    start, table_end, _ = itertools.accumulate(sizes)
-    sums = {"eps_high_sum": flat[0], "positive_rollouts": flat[1]}
-    for prefix, names, values in (("c", SUM_NAMES, flat[start:table_end]), ("kr", KR_SUM_NAMES, flat[table_end:])):
-        width = len(names)
-        for row in range(1, len(values) // width):
-            for j, name in enumerate(names):
-                sums[f"{prefix}{row}/{name}"] = values[row * width + j]
+    width, rows = len(FIELDS), table_rows(max_count)
+    if len(flat) != width * (2 + rows):
+        raise ValueError(f"{len(flat)} values for the diagnostic sums of max_count={max_count} "
+                         f"(expected {width * (2 + rows)})")
+    selected, table = flat[width:2 * width], flat[2 * width:]
+
+    def cell(name: str, row: int) -> float:
+        return table[FIELDS.index(name) * rows + row]
+
+    sums = {"eps_high_sum": selected[FIELDS.index("eps_high")], "positive_rollouts": selected[FIELDS.index("rollouts")]}
+    for c in range(1, max_count + 1):
+        sums.update({f"c{c}/{name}": cell(name, c) for name in SUM_NAMES})
+    for bucket in range(1, num_buckets(max_count) + 1):
+        sums.update({f"kr{bucket}/{name}": cell(name, max_count + 2 + bucket) for name in KR_SUM_NAMES})
     return sums
 
 

@@ -1,4 +1,4 @@
-"""Clipped policy-gradient surrogates with a per-rollout upper clip, and GAPO's per-c diagnostics (pure torch).
+"""Clipped policy-gradient surrogates with a per-rollout upper clip (pure torch); GAPO's diagnostics sum their terms.
 
 Shapes: B rollouts (a micro-batch) by T response tokens; `response_mask` (B, T) marks real tokens;
 `advantages` (B, T) (constant along a rollout for outcome rewards); `eps_high` a float or a (B,) tensor,
@@ -21,6 +21,7 @@ whatever the input dtype (`_float32`); their loss matrix is float32.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Union
 
 import torch
@@ -49,7 +50,15 @@ def _float32(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Inputs in float32: bf16's spacing near 1 (0.0078) is coarser than the paper's clips (7e-5 to 5e-3), so a
     bf16 ratio of 1 + 2e-4 would read as 1 and a bound of 1 + 3e-4 as 1. The cast is differentiable (and free
     for float32 inputs)."""
-    return tuple(t.float() for t in tensors)
+    return tuple(t if t.dtype == torch.float32 else t.float() for t in tensors)
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """0-d tensor of `value`, made once per (value, dtype, device): made per call, it would cost an allocation and, on
+    a GPU, a host-to-device copy. Never an inference tensor, so that autograd can save it whoever asked first."""
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=dtype, device=device)
 
 
 def _upper_bound(eps_high: FloatOrTensor, like: torch.Tensor) -> Union[float, torch.Tensor]:
@@ -70,7 +79,7 @@ def _clipped_objective(ratio, advantages, eps_low, eps_high):
     neg_adv = -advantages
     upper = _upper_bound(eps_high, ratio)
     if isinstance(upper, torch.Tensor):  # one bound per rollout; torch.clamp takes tensor bounds only in pairs
-        bounded = torch.clamp(ratio, ratio.new_tensor(1 - eps_low), upper)
+        bounded = torch.clamp(ratio, _constant(1 - eps_low, ratio.dtype, ratio.device), upper)
     else:
         bounded = torch.clamp(ratio, 1 - eps_low, upper)
     unclipped, clipped = neg_adv * ratio, neg_adv * bounded
@@ -108,12 +117,12 @@ def sequence_clipped_surrogate(
     mask = response_mask.to(torch.float32)
     tokens = mask.sum(-1)
     log_ratio_sum = (log_ratio * mask).sum(-1).detach()
-    seq_log_ratio = log_ratio_sum / tokens.clamp(min=1)
+    seq_log_ratio = log_ratio_sum / tokens.clamp_min(1)
     # Token-level handle on the sequence ratio: value s_i, gradient d log pi_t (GSPO-token); clamp as verl does.
-    log_s = torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.unsqueeze(-1), max=10.0)
+    log_s = torch.clamp_max(log_prob - log_prob.detach() + seq_log_ratio.unsqueeze(-1), 10.0)
     ratio = torch.exp(log_s)
     loss, clipped = _clipped_objective(ratio, advantages, eps_low, eps_high)
-    seq_ratio = torch.exp(seq_log_ratio.clamp(max=10.0))  # the value of every token's ratio in rollout i
+    seq_ratio = torch.exp(seq_log_ratio.clamp_max(10.0))  # the value of every token's ratio in rollout i
     no_tokens = torch.zeros_like(tokens)
     return SurrogateTerms(
         loss=loss,
@@ -123,7 +132,7 @@ def sequence_clipped_surrogate(
         clipped_tokens=(clipped * mask).sum(-1),
         dual_clipped_tokens=no_tokens,
         log_ratio_sum=log_ratio_sum,
-        ratio_dev_sum=(seq_ratio - 1).abs() * tokens,
+        ratio_dev_sum=(seq_ratio - 1).abs_() * tokens,
     )
 
 
@@ -167,7 +176,7 @@ def token_clipped_surrogate(
     dual_clipped = negative & (loss > dual_bound)
     mask = response_mask.to(torch.float32)
     with torch.no_grad():
-        ratio_dev_sum = ((ratio - 1).abs() * mask).sum(-1)
+        ratio_dev_sum = ((ratio - 1).abs_() * mask).sum(-1)
     return SurrogateTerms(
         loss=torch.where(negative, torch.minimum(loss, dual_bound), loss),
         ratio=ratio.detach(),
@@ -179,39 +188,3 @@ def token_clipped_surrogate(
         ratio_dev_sum=ratio_dev_sum,
     )
 
-
-def per_success_count_table(
-    terms: SurrogateTerms,
-    num_correct: torch.Tensor,
-    rows: torch.Tensor,
-    max_count: int,
-    advantage_sum: torch.Tensor,
-) -> torch.Tensor:
-    """Sums behind the paper's diagnostics for the selected rollouts, by group success count c, on device.
-
-    Args:
-        terms: the surrogate's terms (their per-rollout sums are used).
-        num_correct: (B,) group success count c of each rollout.
-        rows: (B,) bool, the rollouts to count (GAPO: successes with a positive advantage).
-        max_count: the largest c with a row; rollouts with c > max_count are left out.
-        advantage_sum: (B,) sum of each rollout's advantage over its real tokens, sum_t A_i,t * mask_i,t
-            (the loss has it already: its sign decides who gets the adaptive bound).
-
-    Returns:
-        float32 (max_count + 1, 5): row c holds (clipped tokens, sum of |ratio - 1| over tokens, tokens,
-        rollouts, sum of the advantage over tokens) of the selected rollouts with success count c; row 0 is
-        unused. Sums rather than means, so that clip fraction = clipped / tokens, mean |ratio - 1| =
-        ratio_dev / tokens and mean advantage = advantage / tokens (all token-weighted alike) are exact over
-        a whole step whatever the micro-batching.
-    """
-    with torch.no_grad():
-        per_rollout = torch.stack(
-            [terms.clipped_tokens, terms.ratio_dev_sum, terms.tokens, torch.ones_like(terms.tokens),
-             advantage_sum.to(device=terms.tokens.device, dtype=terms.tokens.dtype)], dim=-1
-        )  # (B, 5)
-        c_all = num_correct.to(device=per_rollout.device, dtype=torch.long)
-        # Row c collects the selected rollouts with success count c; row 0 takes everything else.
-        row = torch.where(rows & (c_all >= 1) & (c_all <= max_count), c_all, torch.zeros_like(c_all))
-        table = per_rollout.new_zeros(max_count + 1, per_rollout.shape[-1]).index_add_(0, row, per_rollout)
-        table[0] = 0
-        return table

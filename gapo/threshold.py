@@ -93,10 +93,9 @@ def eps_high_schedule(
     if schedule == "constant":
         return torch.full(torch.broadcast_shapes(c.shape, k.shape), eps_high_max, dtype=torch.float32, device=c.device)
 
-    c = torch.clamp(c, min=1.0)
-    c, k = torch.broadcast_tensors(c, k)
+    c = c.clamp_min(1.0)
     # u = A / A_max in [0, 1]; groups of one rollout have no k - 1 and take the c = 1 end (u = 1).
-    u = torch.where(k > 1, (k - c) / (k - 1).clamp(min=1.0), torch.ones_like(c))
+    u = torch.where(k > 1, (k - c) / (k - 1).clamp_min(1.0), 1.0)
     if schedule == "linear":
         return eps_low + (eps_high_max - eps_low) * u
     # exp: log(1 + eps_high) moves linearly in u; log1p/expm1 keep tiny clips (7e-5) exact in float32.
@@ -131,7 +130,7 @@ def rollout_eps_high(
     device = positive.device
     adaptive = success.to(device=device, dtype=torch.bool) & positive
     eps_c = eps_high_schedule(num_correct.to(device), group_size.to(device), eps_low, eps_high_max, schedule)
-    return torch.where(adaptive, eps_c, torch.full_like(eps_c, eps_low)), adaptive
+    return torch.where(adaptive, eps_c, eps_low), adaptive
 
 
 def threshold_table(group_size: int, eps_low: float, eps_high_max: float, schedule: str = "linear") -> list[dict]:

@@ -311,12 +311,12 @@ class GAPOGRPOTrainer(GRPOTrainer):
             terms = surrogate(logps, old_logps, advantages, mask, self.gapo_clips[0], eps_high)
             mode = "train" if self.model.training else "eval"
             max_count = self.num_generations if mode == "train" else self.num_generations_eval
-            parts = diagnostic_sums(terms, inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], adaptive, eps_high,
-                                    advantage_sum, max_count)
+            flat = diagnostic_sums(terms, inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], adaptive, eps_high,
+                                   advantage_sum, max_count)
             # one collective and one host transfer per micro-batch (every process runs the loss in step)
-            total = self.accelerator.reduce(torch.cat(parts), reduction="sum")
+            total = self.accelerator.reduce(flat, reduction="sum")
         sums = self._gapo_sums[mode]
-        for name, value in named_sums(total.tolist(), [p.numel() for p in parts]).items():
+        for name, value in named_sums(total.tolist(), max_count).items():
             sums[name] += value
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

@@ -36,6 +36,7 @@ import contextlib
 import contextvars
 import json
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -44,7 +45,7 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
-from gapo.clip_diagnostics import SUMS_PREFIX, diagnostic_sums, named_sums
+from gapo.clip_diagnostics import BATCH_FIELDS, SUMS_PREFIX, batch_sums, diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
 from gapo.surrogate import sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import rollout_eps_high
@@ -84,6 +85,11 @@ class GroupStats:
 _GROUP_STATS: contextvars.ContextVar[Optional[GroupStats]] = contextvars.ContextVar("gapo_group_stats", default=None)
 
 
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """(B,) view of a per-rollout tensor; (B,) ones as they are (a no-op reshape still costs a dispatched op)."""
+    return tensor if tensor.dim() == 1 else tensor.reshape(-1)
+
+
 @contextlib.contextmanager
 def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, success: torch.Tensor,
                         max_count: Optional[int] = None):
@@ -93,8 +99,9 @@ def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, suc
     micro-batch of a step); None uses the actor's rollout_n. Yields the `GroupStats`; after the loss ran, its `sums`
     hold the micro-batch's diagnostic sums.
     """
-    stats = GroupStats(num_correct.reshape(-1), group_size.reshape(-1), success.reshape(-1).to(torch.bool),
-                       max_count=max_count)
+    success = _flat(success)
+    stats = GroupStats(_flat(num_correct), _flat(group_size),
+                       success if success.dtype == torch.bool else success.to(torch.bool), max_count=max_count)
     token = _GROUP_STATS.set(stats)
     try:
         yield stats
@@ -161,6 +168,12 @@ def _gapo_settings(config, mode: str) -> GAPOConfig:
     return policy_loss
 
 
+def _float32_value(x: float) -> float:
+    """x rounded to float32: the quotient of two float32 values computed in float64 and rounded so is the float32
+    quotient (float64 has more than twice float32's precision), the value a float32 division on device gives."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     """Body of both registered GAPO losses (`mode` "gapo": sequence level; "gapo_token": token level, dual clip).
 
@@ -193,42 +206,46 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     settings = _gapo_settings(config, mode)
     eps_low, eps_high_max = resolve_gapo_clips(config, settings)
 
-    # The surrogates compute in float32 whatever the log-probs' dtype (bf16 cannot tell 1 + 3e-4 from 1).
+    # The surrogates compute in float32 whatever the log-probs' dtype (bf16 cannot tell 1 + 3e-4 from 1). The mask
+    # in float32 once: verl passes it as bool, which every product with it (here, in the surrogate, in agg_loss)
+    # would convert again; 0.0 / 1.0 give the same values and counts.
+    mask = response_mask.to(torch.float32)
     # (B,) sum of each rollout's advantage over its real tokens, in float32: its sign says whether the rollout's
     # advantage is positive, and the per-c diagnostics sum it (mean advantage per c, token-weighted)
-    advantage_sum = (advantages.detach().float() * response_mask).sum(-1)
-    positive = advantage_sum > 0
-    eps_high, adaptive = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, positive, eps_low,
-                                          eps_high_max, settings.schedule)
+    advantage_sum = (advantages.detach().float() * mask).sum(-1)
+    eps_high, adaptive = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, advantage_sum > 0,
+                                          eps_low, eps_high_max, settings.schedule)
 
     if mode == "gapo":
-        terms = sequence_clipped_surrogate(log_prob, old_log_prob, advantages, response_mask, eps_low, eps_high)
+        terms = sequence_clipped_surrogate(log_prob, old_log_prob, advantages, mask, eps_low, eps_high)
     else:
         terms = token_clipped_surrogate(
-            log_prob, old_log_prob, advantages, response_mask, eps_low, eps_high, clip_ratio_c=config.get("clip_ratio_c", 3.0)
+            log_prob, old_log_prob, advantages, mask, eps_low, eps_high, clip_ratio_c=config.get("clip_ratio_c", 3.0)
         )
     pg_losses = terms.loss if rollout_is_weights is None else terms.loss * rollout_is_weights.float()
-    pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+    pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
 
     with torch.no_grad():
-        n_tokens = terms.tokens.sum().clamp(min=1)
-        values = [terms.clipped_tokens.sum() / n_tokens, -terms.log_ratio_sum.sum() / n_tokens,
-                  terms.dual_clipped_tokens.sum() / n_tokens]
-        parts = [torch.stack(values).float()]
         if settings.diagnostics:
-            # rows c = 0..max_count (the step's largest group; rollout_n without VIGOR); row 0 unused
+            # rows c = 0..max_count + 1 (the step's largest group; rollout_n without VIGOR)
             max_count = stats.max_count if stats.max_count is not None else config.rollout_n
-            parts += diagnostic_sums(terms, stats.num_correct, stats.group_size, adaptive, eps_high, advantage_sum,
-                                     max_count)
+            sums = diagnostic_sums(terms, stats.num_correct, stats.group_size, adaptive, eps_high, advantage_sum,
+                                   max_count)
+        else:
+            sums = batch_sums(terms)
         # one device-to-host transfer for every metric of the micro-batch
-        flat = torch.cat(parts).tolist()
+        flat = sums.tolist()
     if stats.rows is not None:  # the debugging dump (ROWS_ENV): the same per-rollout values the sums add up
         stats.rows.update(adaptive=adaptive, eps_high=eps_high, tokens=terms.tokens, clipped=terms.clipped_tokens,
                           ratio_dev=terms.ratio_dev_sum, advantage=advantage_sum)
-    metrics = dict(zip(("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"), flat[:3]))
+    clipped, log_ratio, dual_clipped, tokens = flat[:len(BATCH_FIELDS)]
+    tokens = max(tokens, 1.0)
+    # float32 quotients, as verl's own losses compute them on device
+    metrics = {"actor/pg_clipfrac": _float32_value(clipped / tokens),
+               "actor/ppo_kl": _float32_value(-log_ratio / tokens),
+               "actor/pg_clipfrac_lower": _float32_value(dual_clipped / tokens)}
     if settings.diagnostics:
-        sums = named_sums(flat[len(values):], [p.numel() for p in parts[1:]])
-        stats.sums.update({f"{SUMS_PREFIX}/{name}": value for name, value in sums.items()})
+        stats.sums.update({f"{SUMS_PREFIX}/{name}": value for name, value in named_sums(flat, max_count).items()})
     return pg_loss, metrics
 
 
