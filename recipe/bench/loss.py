@@ -1,27 +1,44 @@
 """Benchmark: cost of the GAPO loss against verl's gspo loss (forward + backward, same tensors).
 
     python -m recipe.bench.loss [--batch 64] [--tokens 4096] [--repeats 300] [--threads 1] [--json out.json]
-                                [--max-ratio-diag 1.15] [--max-ratio-nodiag 1.05]
+                                [--max-ratio-diag 1.15] [--max-ratio-nodiag 1.05] [--max-op-ratio-diag 1.3]
 
-Three variants, called through verl's registry (`get_policy_loss_fn`) with one actor config (clips
-0.2 / 0.28, seq-mean-token-mean) as the actor update calls them: verl's `gspo`, and `gapo` with its
-diagnostics on and off. The batch is groups of k rollouts with c successes each (1 <= c < k), GRPO
-advantages ((k - c) / k for a success, -c / k for a failure) and responses of varying length.
+Four variants, called through verl's registry (`get_policy_loss_fn`) with one actor config (clips
+0.2 / 0.28, seq-mean-token-mean) as the actor update calls them: verl's `gspo`, `gapo` with its
+diagnostics on and off, and `gapo_token` (diagnostics on). The batch is groups of k rollouts with c
+successes each (1 <= c < k), GRPO advantages ((k - c) / k for a success, -c / k for a failure) and
+responses of varying length.
 
-Noise control, for small shared machines: each round runs every variant once, in an order that rotates
-from round to round, and warm-up rounds are dropped; one torch thread, timed by this process's CPU
-time, which leaves out the time other processes take the core; freed memory stays in the process (as
-with a GPU's caching allocator), so calls do not pay page faults. The output's second line says which.
+Two figures per variant:
 
-Output, per variant: min and median ms (with the interquartile range), and the cost relative to gspo
-two ways: the ratio of minimums, and the median (IQR) of per-round paired ratios (variant / gspo in the
-same round, which cancels drifts in machine speed). The paired median is the robust figure, and the
-one the optional --max-ratio-* checks use (exit 1 above them).
+- Time. Noise control, for small shared machines: each round runs every variant once, in an order that
+  rotates from round to round, and warm-up rounds are dropped; one torch thread, timed by this process's
+  CPU time, which leaves out the time other processes take the core; freed memory stays in the process
+  (as with a GPU's caching allocator), so calls do not pay page faults. The output's second line says
+  which. Per variant: min and median ms (with the interquartile range), and the cost relative to gspo two
+  ways: the ratio of minimums, and the median (IQR) of per-round paired ratios (variant / gspo in the same
+  round, which cancels drifts in machine speed). The paired median is the robust figure, and the one the
+  optional --max-ratio-* checks use (exit 1 above them).
+- aten ops per call (`count_aten_ops`), the machine-independent figure. On a GPU this loss is
+  launch-bound (tens of microseconds of arithmetic, one kernel launch per op), so the number of ops, not
+  CPU time, sets its cost there. Counted: every event of `torch.profiler` (CPU activity) whose name
+  starts with "aten::", nested ones included (an `aten::to` that copies counts with its `_to_copy`,
+  `empty_strided` and `copy_`), over one call of the step that is timed (GAPO's group-statistics
+  context for GAPO only, the loss through verl's registry, `loss.backward()` with the autograd engine's
+  ops), after two warm-up calls, with one torch thread: a CPU reduction that several threads split adds
+  ops of its own (verl's gspo sums whole (B, T) tensors for its metrics: 272 ops on two threads at
+  64 x 4096 against 248 on one; GAPO's count does not move). So counted, the figure is the same on every
+  run and machine, and at every shape, for a given torch version. It is a proxy for the kernel count,
+  not that count: on CPU a tensor op with a Python float operand adds a 4-op cast of that scalar, and
+  views and no-op casts count without launching anything (one H200, torch 2.11, 64 x 4096, before the
+  count was added: aten ops 192 gspo / 418 gapo, CUDA kernels 90 / 158). --max-op-ratio-diag fails
+  (exit 1) when gapo with diagnostics needs more than that many times gspo's ops.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -34,7 +51,7 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
 from gapo.verl_plugin.config import GAPOPolicyLossConfig
-from gapo.verl_plugin.losses import group_stats_context
+from gapo.verl_plugin.losses import GAPO_LOSS_MODES, group_stats_context
 
 BASE = "gspo"
 # key -> (label, registered loss mode, policy-loss config)
@@ -42,6 +59,7 @@ VARIANTS = {
     "gspo": ("verl gspo", "gspo", lambda: PolicyLossConfig(loss_mode="gspo")),
     "gapo_diag": ("gapo, diagnostics on", "gapo", lambda: GAPOPolicyLossConfig(loss_mode="gapo")),
     "gapo_nodiag": ("gapo, diagnostics off", "gapo", lambda: GAPOPolicyLossConfig(loss_mode="gapo", diagnostics=False)),
+    "gapo_token": ("gapo_token", "gapo_token", lambda: GAPOPolicyLossConfig(loss_mode="gapo_token")),
 }
 
 
@@ -74,15 +92,46 @@ def _batch(b: int, t: int, k: int) -> dict:
 
 def _step(loss_mode: str, config, x: dict):
     fn = get_policy_loss_fn(loss_mode)
+    # GAPO's losses read the group statistics from a context (GAPOActorLoss sets it); verl's run without one
+    if loss_mode in GAPO_LOSS_MODES:
+        def context():
+            return group_stats_context(x["num_correct"], x["group_size"], x["success"])
+    else:
+        context = contextlib.nullcontext
 
     def step():
         x["new"].grad = None
-        with group_stats_context(x["num_correct"], x["group_size"], x["success"]):  # gspo ignores it
+        with context():
             loss, _ = fn(old_log_prob=x["old"], log_prob=x["new"], advantages=x["adv"], response_mask=x["mask"],
                          loss_agg_mode=config.loss_agg_mode, config=config, rollout_is_weights=None)
         loss.backward()
 
     return step
+
+
+def count_aten_ops(step, warmup: int = 2) -> int:
+    """aten ops of one call of `step` (module docstring): the `torch.profiler` events (CPU activity) whose name
+    starts with "aten::", nested ones included, with one torch thread, after `warmup` calls (the first ones build
+    caches)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a reduction split over threads adds ops of its own
+    try:
+        for _ in range(warmup):
+            step()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+    finally:
+        torch.set_num_threads(threads)
+    return sum(1 for event in prof.events() if event.name.startswith("aten::"))
+
+
+def op_counts(batch: int = 16, tokens: int = 64, group_size: int = 8, seed: int = 0,
+              variants: tuple[str, ...] = tuple(VARIANTS)) -> dict[str, int]:
+    """aten ops per forward + backward call of each variant on the benchmark's inputs (`count_aten_ops`)."""
+    torch.manual_seed(seed)
+    x = _batch(batch, tokens, group_size)
+    return {name: count_aten_ops(_step(VARIANTS[name][1], _config(VARIANTS[name][2](), group_size), x))
+            for name in variants}
 
 
 def _keep_freed_memory() -> bool:
@@ -136,6 +185,10 @@ def _summarize(times: dict[str, list[float]]) -> dict[str, dict]:
     return out
 
 
+def _op_summary(counts: dict[str, int]) -> dict[str, dict]:
+    return {name: {"label": VARIANTS[name][0], "aten_ops": n, "ratio": n / counts[BASE]} for name, n in counts.items()}
+
+
 def _print(summary: dict, setup: dict) -> None:
     print(f"loss forward+backward: {setup['batch']} rollouts x {setup['tokens']} tokens "
           f"({setup['response_tokens']} in responses), k={setup['group_size']}")
@@ -149,14 +202,22 @@ def _print(summary: dict, setup: dict) -> None:
     print("ratios to verl gspo; paired ratio = median of per-round variant/gspo (the robust figure)")
 
 
-def _over_limits(summary: dict, limits: dict[str, float | None]) -> list[str]:
-    return [f"{summary[name]['label']}: paired ratio {summary[name]['paired_ratio_median']:.3f} > limit {limit}"
+def _print_ops(ops: dict) -> None:
+    print("aten ops per forward+backward call (torch.profiler, CPU; nested ops included; the same on any machine):")
+    for s in ops.values():
+        print(f"  {s['label']:<22} {s['aten_ops']:8d}   {s['ratio']:7.3f}")
+
+
+def _over_limits(summary: dict, limits: dict[str, float | None], key: str = "paired_ratio_median",
+                 what: str = "paired ratio") -> list[str]:
+    return [f"{summary[name]['label']}: {what} {summary[name][key]:.3f} > limit {limit}"
             for name, limit in limits.items()
-            if limit is not None and summary[name]["paired_ratio_median"] > limit]
+            if limit is not None and summary[name][key] > limit]
 
 
 def main(argv=None) -> int:
-    """CLI entry: time the three variants in rotating rounds and print them; returns 1 if a ``--max-ratio-*`` fails."""
+    """CLI entry: time the variants in rotating rounds, count their aten ops, print both; returns 1 if a limit
+    (``--max-ratio-*``, ``--max-op-ratio-diag``) fails."""
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.loss", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=4096, help="padded response length; real lengths vary")
@@ -171,6 +232,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--max-ratio-diag", type=float, help="exit 1 if gapo (diagnostics on) paired ratio is above")
     parser.add_argument("--max-ratio-nodiag", type=float, help="exit 1 if gapo (diagnostics off) paired ratio is above")
+    parser.add_argument("--max-op-ratio-diag", type=float,
+                        help="exit 1 if gapo (diagnostics on) runs more than this many times gspo's aten ops per call")
     args = parser.parse_args(argv)
     if args.repeats < 2:
         parser.error("--repeats must be at least 2")
@@ -188,16 +251,19 @@ def main(argv=None) -> int:
     steps = {name: _step(mode, _config(make_policy_loss(), k), x) for name, (_, mode, make_policy_loss)
              in VARIANTS.items()}
     summary = _summarize(_time_rounds(steps, args.repeats, args.warmup, clock))
+    ops = _op_summary({name: count_aten_ops(step) for name, step in steps.items()})  # after the timing: untouched
 
     setup = {"batch": args.batch, "tokens": args.tokens, "response_tokens": int(x["mask"].sum()), "group_size": k,
              "rounds": args.repeats, "warmup": args.warmup, "threads": torch.get_num_threads(), "clock": clock_name,
              "memory_kept": memory_kept, "torch": torch.__version__}
     _print(summary, setup)
+    _print_ops(ops)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"setup": setup, "variants": summary}, f, indent=1)
+            json.dump({"setup": setup, "variants": summary, "aten_ops": ops}, f, indent=1)
 
     failures = _over_limits(summary, {"gapo_diag": args.max_ratio_diag, "gapo_nodiag": args.max_ratio_nodiag})
+    failures += _over_limits(ops, {"gapo_diag": args.max_op_ratio_diag}, key="ratio", what="aten-op ratio")
     for line in failures:
         print(f"FAIL {line}", file=sys.stderr)
     return 1 if failures else 0
