@@ -17,8 +17,8 @@
 #   make install-trl   create .venv-trl: torch (CPU build), then this project with its trl extra (trl 1.16.0). Its own
 #                  environment: verl 0.9.1's FSDP actor fails to build wherever trl >= 1 is importable (docs/trl.md)
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
-#   make bench     benchmarks (GAPO loss vs verl's gspo loss, time and aten ops per call; math reward vs verl's
-#                  scorers; sandbox overhead; code-reward parsing per KB and a hostile batch; peak memory preparing LCB
+#   make bench     benchmarks (GAPO loss vs verl's gspo loss, time and aten ops per call; the exploration
+#                  instruments' driver-side ms per step at the paper's scale; math reward vs verl's scorers; sandbox overhead; code-reward parsing per KB and a hostile batch; peak memory preparing LCB
 #                  rows of 60 MB tests)
 #   make bench-rollout  HF vs vLLM rollout on the same CPU smoke run (wall, step, gen, weight sync, peak memory)
 #   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
@@ -190,7 +190,8 @@ smoke-trl: install-trl
 	$(TRL_PY) -m recipe.trl_smoke --out runs/smoke-trl --level $(LEVEL)
 
 bench: install
-	$(PY) -m recipe.bench.loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05 --max-op-ratio-diag 1.3
+	KINETO_LOG_LEVEL=5 $(PY) -m recipe.bench.loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05 --max-op-ratio-diag 1.3
+	$(PY) -m recipe.bench.exploration --max-ms 50
 	$(PY) -m recipe.bench.math_reward
 	$(PY) -m recipe.bench.sandbox
 	$(PY) -m recipe.bench.code_parse --max-growth 3 --hostile
