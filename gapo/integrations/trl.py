@@ -24,6 +24,12 @@ How it plugs in (the smallest overrides; TRL's own loss code stays in charge):
 3. The diagnostics are the verl path's (`gapo.clip_diagnostics`): per micro-batch the per-c sums over this process's
    completions, summed over processes, accumulated until TRL logs, then logged as `gapo/*` (W&B when on).
    `gapo/is_adv_corr_window` pools the latest `diag_corr_window` logging intervals of training.
+4. The exploration instruments (`gapo.exploration`, the verl trainer's code): per generation batch, over the gathered
+   batch (one `accelerator.gather` of each completion's first `entrance_tokens` ids, its prompt's key and its
+   advantage's sign), the entrance and coverage sums, the coverage window (one generation batch is one of its steps)
+   and `gapo.groups.group_metrics`; per micro-batch, the entropy of TRL's loss forward pass by success and c, reduced
+   in the diagnostics' collective. Every process computes the same numbers; all are sums, accumulated until TRL logs
+   `gapo/explore/*`, `gapo/groups/*`, `gapo/eps_high/*` (docs/trl.md).
 
 tests/trl_integration/test_trl_integration.py checks that TRL honours the per-completion bound (loss and gradients equal the verl
 loss's on the same tensors); a TRL upgrade that stops reading `self.epsilon_high` fails it.
@@ -36,6 +42,7 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -43,9 +50,23 @@ from trl import GRPOConfig, GRPOTrainer
 from gapo.clip_diagnostics import diagnostic_sums, is_adv_points, metrics_from_sums, named_sums
 from gapo.config import GAPOConfig
 from gapo.diagnostics import IS_ADV_CORR_LEVELS, CorrelationWindow
-from gapo.groups import GroupStatistics, group_statistics
+from gapo.exploration import (
+    CoverageWindow,
+    ExplorationConfig,
+    add_sums,
+    coverage_step,
+    entrance_sums,
+    entropy_sums,
+    entropy_table,
+    exploration_metrics,
+    first_moves,
+    newline_token_ids,
+    prompt_key,
+    row_entropy_sums,
+)
+from gapo.groups import GroupStatistics, group_metrics, group_statistics
 from gapo.surrogate import sequence_clipped_surrogate, token_clipped_surrogate
-from gapo.threshold import rollout_eps_high
+from gapo.threshold import adaptive_eps_high, rollout_eps_high
 
 # TRL's losses that clip the ratio to [1 - epsilon, 1 + epsilon_high]: the ones whose upper clip GAPO can set.
 CLIP_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -57,7 +78,10 @@ OTHER_LOSS_TYPES = {
 }
 NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY = "gapo_num_correct", "gapo_group_size", "gapo_success"
 STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
-_CAPTURE = object()  # marks "keep the next log-probs TRL computes" (the loss's own forward pass)
+_CAPTURE = object()  # marks "keep the next log-probs and entropies TRL computes" (the loss's own forward pass)
+# `gapo.groups.group_metrics`' means over groups, and the eps_high statistics (over the adaptive rollouts)
+GROUP_METRICS = ("mixed_frac", "all_correct_frac", "all_wrong_frac", "success_rate_mean", "size_mean")
+EPS_HIGH_MEAN, EPS_HIGH_MIN, EPS_HIGH_MAX = "gapo/eps_high/mean", "gapo/eps_high/min", "gapo/eps_high/max"
 
 
 def gapo_settings(value) -> GAPOConfig:
@@ -85,6 +109,32 @@ def gapo_settings(value) -> GAPOConfig:
         raise ValueError(f"GAPOTRLConfig.gapo: {err}") from None
 
 
+def exploration_settings(value) -> ExplorationConfig:
+    """An ExplorationConfig from what `GAPOTRLConfig.exploration` may hold: an ExplorationConfig, a dict of its fields,
+    a JSON string of one, or None (the defaults). Raises ValueError: a bad value with ExplorationConfig's message
+    (`exploration.<key>=<value>` and the fix), unknown keys with the valid ones."""
+    if value is None:
+        return ExplorationConfig()
+    if isinstance(value, ExplorationConfig):
+        value.validate()  # a dataclass can be changed after construction
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"GAPOTRLConfig.exploration={value!r} is not JSON ({err}); pass e.g. "
+                             "'{\"entrance_tokens\": 8, \"coverage_window\": 20}' or a gapo.exploration."
+                             "ExplorationConfig") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"GAPOTRLConfig.exploration={value!r}: pass a gapo.exploration.ExplorationConfig, a dict of "
+                         "its fields or a JSON string")
+    known = [f.name for f in fields(ExplorationConfig)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"GAPOTRLConfig.exploration has unknown keys {unknown}; the exploration settings are {known}")
+    return ExplorationConfig(**value)  # its ValueError names exploration.<key>, the value and the fix
+
+
 def resolve_trl_clips(args: GRPOConfig, settings: GAPOConfig) -> tuple[float, float]:
     """(eps_low, eps_high_max) from TRL's clip fields and GAPO's settings, validated with TRL's names.
 
@@ -109,7 +159,8 @@ def resolve_trl_clips(args: GRPOConfig, settings: GAPOConfig) -> tuple[float, fl
 
 @dataclass
 class GAPOTRLConfig(GRPOConfig):
-    """TRL's `GRPOConfig` plus `gapo`: GAPO's settings (`gapo.GAPOConfig`, the one source of their defaults).
+    """TRL's `GRPOConfig` plus `gapo`: GAPO's settings (`gapo.GAPOConfig`, the one source of their defaults), and
+    `exploration`: the exploration instruments' (`gapo.exploration.ExplorationConfig`).
 
     Attributes:
         gapo: a `gapo.GAPOConfig`, a dict of its fields, or a JSON string of one (on a command line); None gives its
@@ -118,9 +169,14 @@ class GAPOTRLConfig(GRPOConfig):
             `success_threshold` (a completion succeeds when its weighted reward is above it), `diagnostics`,
             `diag_corr_window` (logging intervals pooled by `gapo/is_adv_corr_window`). `mask_truncated` is verl's;
             here use TRL's own `mask_truncated_completions`.
+        exploration: a `gapo.exploration.ExplorationConfig`, a dict of its fields, or a JSON string of one; None gives
+            its defaults. Held as an ExplorationConfig after construction. The knobs: `entrance_tokens` (m, a first
+            move's length), `entrance_until_newline`, `coverage_window` (W, in generation batches),
+            `coverage_threshold` (a prompt is covered when its c / k is above it).
 
     Validated at construction: `loss_type` must be one of TRL's clipped losses (CLIP_LOSS_TYPES), eps_high_max >=
-    epsilon. Warned: an on-policy setup (TRL's ratio is then exactly 1 and no clip binds), eps_high_max == epsilon.
+    epsilon, the exploration knobs (ExplorationConfig's message: the key, the value, the fix). Warned: an on-policy
+    setup (TRL's ratio is then exactly 1 and no clip binds), eps_high_max == epsilon.
     """
 
     gapo: dict | str | None = field(
@@ -129,10 +185,18 @@ class GAPOTRLConfig(GRPOConfig):
                           "'{\"eps_high_max\": 0.28, \"schedule\": \"linear\", \"success_threshold\": 0.5}'; "
                           "null for the defaults. The lower clip is `epsilon`; eps_high_max null uses `epsilon_high`."},
     )
+    exploration: dict | str | None = field(
+        default=None,
+        metadata={"help": "the exploration instruments' settings (gapo.exploration.ExplorationConfig): a JSON object "
+                          "such as '{\"entrance_tokens\": 8, \"entrance_until_newline\": false, \"coverage_window\": "
+                          "20, \"coverage_threshold\": 0.05}'; null for the defaults. The window counts generation "
+                          "batches."},
+    )
 
     def __post_init__(self):
         super().__post_init__()
         self.gapo = gapo_settings(self.gapo)
+        self.exploration = exploration_settings(self.exploration)
         if self.loss_type not in CLIP_LOSS_TYPES:
             why = OTHER_LOSS_TYPES.get(self.loss_type, "not a clipped loss of TRL 1.16.0")
             raise ValueError(
@@ -163,6 +227,8 @@ class GAPOTRLConfig(GRPOConfig):
         out = super().to_dict()
         if isinstance(self.gapo, GAPOConfig):
             out["gapo"] = asdict(self.gapo)
+        if isinstance(self.exploration, ExplorationConfig):
+            out["exploration"] = asdict(self.exploration)
         return out
 
 
@@ -194,6 +260,62 @@ def completion_group_statistics(success: torch.Tensor, num_generations: int) -> 
     return group_statistics([i // num_generations for i in range(n)], success.cpu())
 
 
+def advantage_sums(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) each completion's advantage summed over its loss tokens: its sign decides who gets the adaptive bound.
+
+    Args:
+        advantages: TRL's (B,) per-completion advantages, or (B, T) per-token ones.
+        mask: (B, T) the loss's tokens (TRL's completion_mask, times tool_mask when present).
+    """
+    per_token = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).float().expand(mask.shape)
+    return (per_token * mask).sum(-1)
+
+
+def completion_heads(completion_ids: list, m: int) -> torch.Tensor:
+    """(B, m) int64: each completion's first m token ids (of TRL's unpadded id lists), -1 past its end: the rows
+    `gapo.exploration.first_moves` reads, as `leading_tokens` gives them from verl's responses."""
+    heads = torch.full((len(completion_ids), m), -1, dtype=torch.long)
+    for row, ids in enumerate(completion_ids):
+        head = [int(t) for t in ids[:m]]
+        heads[row, : len(head)] = torch.tensor(head, dtype=torch.long)
+    return heads
+
+
+class GroupMetricSums:
+    """`gapo.groups.group_metrics` of several generation batches, exact over all of them: `gapo/groups/*` are means
+    over groups (kept as value x groups, and groups), `gapo/eps_high/mean` a mean over the completions with the
+    adaptive bound (value x count, and count), min and max the extremes."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every batch (after a log)."""
+        self.groups, self.sums, self.eps_count, self.eps_sum = 0, defaultdict(float), 0, 0.0
+        self.eps_min, self.eps_max = math.inf, -math.inf
+
+    def add(self, metrics: dict[str, float], groups: int, adaptive: int) -> None:
+        """One batch's `group_metrics` output, its number of groups and of completions with the adaptive bound."""
+        if not metrics:
+            return
+        self.groups += groups
+        for name in GROUP_METRICS:
+            self.sums[name] += metrics[f"gapo/groups/{name}"] * groups
+        if EPS_HIGH_MEAN in metrics:
+            self.eps_count += adaptive
+            self.eps_sum += metrics[EPS_HIGH_MEAN] * adaptive
+            self.eps_min = min(self.eps_min, metrics[EPS_HIGH_MIN])
+            self.eps_max = max(self.eps_max, metrics[EPS_HIGH_MAX])
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics over every batch added since the last clear (none when none was)."""
+        out = {f"gapo/groups/{name}": self.sums[name] / self.groups for name in GROUP_METRICS} if self.groups else {}
+        if self.eps_count:
+            out.update({EPS_HIGH_MEAN: self.eps_sum / self.eps_count, EPS_HIGH_MIN: self.eps_min,
+                        EPS_HIGH_MAX: self.eps_max})
+        return out
+
+
 class GAPOGRPOTrainer(GRPOTrainer):
     """TRL's `GRPOTrainer` with GAPO's per-completion upper clip and diagnostics (see the module docstring).
 
@@ -213,11 +335,20 @@ class GAPOGRPOTrainer(GRPOTrainer):
                             f"{type(args).__name__}; build it as GAPOTRLConfig(<the same arguments>, gapo=GAPOConfig(...))")
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self.gapo: GAPOConfig = args.gapo
+        self.exploration: ExplorationConfig = args.exploration
         self.gapo_clips = resolve_trl_clips(args, self.gapo)
         self._gapo_rewards = None  # the latest generation batch's rewards, every process's rows (TRL gathers them)
-        self._gapo_logps = None  # _CAPTURE while the loss runs, then the log-probs of its forward pass
+        self._gapo_heads = None  # the latest generation batch's first completion tokens, this process's rows
+        self._gapo_forward = None  # _CAPTURE while the loss runs, then (log-probs, entropies) of its forward pass
         self._gapo_sums = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._gapo_window = CorrelationWindow(self.gapo.diag_corr_window)
+        # exploration, per mode: the entropy, entrance and coverage sums of the interval; the coverage window (a
+        # generation batch is a step) and its metrics after the interval's latest batch; the group metrics
+        self._gapo_explore = {"train": defaultdict(float), "eval": defaultdict(float)}
+        self._gapo_coverage = {mode: CoverageWindow(self.exploration.coverage_window) for mode in ("train", "eval")}
+        self._gapo_coverage_latest = {"train": {}, "eval": {}}
+        self._gapo_groups = {"train": GroupMetricSums(), "eval": GroupMetricSums()}
+        self._gapo_newline_ids = newline_token_ids(self._tokenizer) if self.exploration.entrance_until_newline else None
         self._warn_low_precision()
 
     def _warn_low_precision(self) -> None:
@@ -238,9 +369,11 @@ class GAPOGRPOTrainer(GRPOTrainer):
             )
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's rewards, (B_all, number of reward functions) over every process's rows; kept for the success counts."""
+        """TRL's rewards, (B_all, number of reward functions) over every process's rows; kept for the success counts,
+        with this process's completions' first `entrance_tokens` ids (their entrances)."""
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gapo_rewards = rewards_per_func
+        self._gapo_heads = completion_heads(completion_ids_list, self.exploration.entrance_tokens)
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -248,9 +381,10 @@ class GAPOGRPOTrainer(GRPOTrainer):
 
         (c, k, success) are computed over the gathered batch (groups of `num_generations`, or `num_generations_eval`
         in evaluation), then sliced to this process's rows. Raises RuntimeError when TRL scored without
-        `_calculate_rewards` (an unsupported TRL version).
+        `_calculate_rewards` (an unsupported TRL version). Also records the batch's exploration and group metrics
+        (`_record_generation`).
         """
-        self._gapo_rewards = None
+        self._gapo_rewards = self._gapo_heads = None
         output = super()._generate_and_score_completions(inputs)
         if self._gapo_rewards is None:
             raise RuntimeError("TRL scored this batch without GRPOTrainer._calculate_rewards, so GAPO has no group "
@@ -265,18 +399,53 @@ class GAPOGRPOTrainer(GRPOTrainer):
         output[NUM_CORRECT_KEY] = stats.num_correct[rows].to(device)
         output[GROUP_SIZE_KEY] = stats.group_size[rows].to(device)
         output[SUCCESS_KEY] = stats.success[rows].to(device)
-        self._gapo_rewards = None
+        self._record_generation(output, stats, mode, num_generations)
+        self._gapo_rewards = self._gapo_heads = None
         return output
 
+    def _record_generation(self, output, stats: GroupStatistics, mode: str, num_generations: int) -> None:
+        """Add one generation batch's entrance and coverage sums and group metrics, over every process's rows, to
+        the mode's interval; advance its coverage window by one step.
+
+        One gather of a (B, m + 2) int64 tensor per process: each completion's first m ids (-1 past its end), its
+        prompt's key (`prompt_key` of the prompt's token ids) and whether its advantage is positive. The rows are then
+        in the gathered order, the one of `stats` (groups: contiguous blocks of `num_generations`), so every process
+        computes the same numbers.
+        """
+        device = output["completion_ids"].device
+        prompt_ids, prompt_mask = output["prompt_ids"].cpu(), output["prompt_mask"].cpu().bool()
+        keys = torch.tensor([prompt_key(ids[real]) for ids, real in zip(prompt_ids, prompt_mask)], dtype=torch.long)
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        positive = (advantage_sums(output["advantages"], mask) > 0).long().cpu()
+        local = torch.cat([self._gapo_heads, keys.unsqueeze(1), positive.unsqueeze(1)], dim=1)
+        rows = self.accelerator.gather(local.to(device)).cpu()
+        m = self.exploration.entrance_tokens
+        moves = first_moves(rows[:, :m], self._gapo_newline_ids)
+        prompts, positive = rows[:, m].tolist(), rows[:, m + 1].bool()
+        groups = [i // num_generations for i in range(rows.shape[0])]
+        success, include = stats.success.tolist(), [True] * rows.shape[0]
+        sums = entrance_sums(groups, moves, success, include)
+        coverage, seen, above = coverage_step(groups, prompts, success, include, self.exploration.coverage_threshold)
+        add_sums(self._gapo_explore[mode], add_sums(sums, coverage))
+        self._gapo_coverage_latest[mode] = self._gapo_coverage[mode].add(seen, above)
+        eps_low, eps_high_max = self.gapo_clips
+        thresholds = partial(adaptive_eps_high, eps_low=eps_low, eps_high_max=eps_high_max, schedule=self.gapo.schedule)
+        real = torch.ones(rows.shape[0], dtype=torch.bool)
+        adaptive = int((stats.success & positive).sum())
+        self._gapo_groups[mode].add(group_metrics(stats, positive, real, thresholds), len(set(groups)), adaptive)
+
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        """TRL's; while `_compute_loss` runs, also keeps its forward pass's (B, T) log-probs for the diagnostics."""
+        """TRL's; while `_compute_loss` runs, also keeps its forward pass's (B, T) log-probs and entropies (None when
+        TRL did not compute them) for the diagnostics and the entropy instruments."""
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if self._gapo_logps is _CAPTURE:
-            self._gapo_logps = out[0].detach()
+        if self._gapo_forward is _CAPTURE:
+            self._gapo_forward = (out[0].detach(), None if out[1] is None else out[1].detach())
         return out
 
     def _compute_loss(self, model, inputs):
-        """TRL's loss with each completion's upper clip eps_high(c, k); records the diagnostic sums."""
+        """TRL's loss with each completion's upper clip eps_high(c, k); records the diagnostic and entropy sums."""
         missing = [key for key in STAT_KEYS if key not in inputs]
         if missing:
             raise RuntimeError(f"the batch has no {missing}: it did not come from GAPOGRPOTrainer's "
@@ -284,51 +453,76 @@ class GAPOGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         advantages = inputs["advantages"]
         per_token_adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).float().expand(mask.shape)
-        advantage_sum = (per_token_adv * mask).sum(-1)  # (B,): its sign decides who gets the adaptive bound
+        advantage_sum = advantage_sums(advantages, mask)  # (B,): its sign decides who gets the adaptive bound
         eps_low, eps_high_max = self.gapo_clips
         eps_high, adaptive = rollout_eps_high(inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], inputs[SUCCESS_KEY],
                                               advantage_sum > 0, eps_low, eps_high_max, self.gapo.schedule)
         saved = self.epsilon_low, self.epsilon_high
         self.epsilon_low = torch.tensor(eps_low, device=eps_high.device)
         self.epsilon_high = eps_high.unsqueeze(-1)  # (B, 1): one bound per completion, over its tokens at token level
-        self._gapo_logps = _CAPTURE
+        self._gapo_forward = _CAPTURE
         try:
             loss = super()._compute_loss(model, inputs)
-            logps = self._gapo_logps
+            forward = self._gapo_forward
         finally:
             self.epsilon_low, self.epsilon_high = saved
-            self._gapo_logps = None
-        if self.gapo.diagnostics and isinstance(logps, torch.Tensor):
+            self._gapo_forward = None
+        if isinstance(forward, tuple):
+            logps, entropies = forward
             old = inputs.get("old_per_token_logps")
-            self._record_sums(logps, logps if old is None else old, per_token_adv, mask, inputs, adaptive, eps_high,
-                              advantage_sum)
+            self._record_sums(logps, logps if old is None else old, entropies, per_token_adv, mask, inputs, adaptive,
+                              eps_high, advantage_sum)
         return loss
 
-    def _record_sums(self, logps, old_logps, advantages, mask, inputs, adaptive, eps_high, advantage_sum) -> None:
-        """Add this micro-batch's per-c sums, summed over processes, to the current logging interval's."""
-        surrogate = sequence_clipped_surrogate if self.importance_sampling_level == "sequence" else token_clipped_surrogate
+    def _record_sums(self, logps, old_logps, entropies, advantages, mask, inputs, adaptive, eps_high,
+                     advantage_sum) -> None:
+        """Add this micro-batch's per-c diagnostic sums (with `gapo.diagnostics`) and its entropy sums by success and c
+        (`gapo.exploration.entropy_table`), summed over processes in one collective, to the logging interval's."""
+        mode = "train" if self.model.training else "eval"
+        max_count = self.num_generations if mode == "train" else self.num_generations_eval
         with torch.no_grad():
-            terms = surrogate(logps, old_logps, advantages, mask, self.gapo_clips[0], eps_high)
-            mode = "train" if self.model.training else "eval"
-            max_count = self.num_generations if mode == "train" else self.num_generations_eval
-            flat = diagnostic_sums(terms, inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], adaptive, eps_high,
-                                   advantage_sum, max_count)
-            # one collective and one host transfer per micro-batch (every process runs the loss in step)
-            total = self.accelerator.reduce(flat, reduction="sum")
-        sums = self._gapo_sums[mode]
-        for name, value in named_sums(total.tolist(), max_count).items():
-            sums[name] += value
+            pieces = []
+            if self.gapo.diagnostics:
+                surrogate = (sequence_clipped_surrogate if self.importance_sampling_level == "sequence"
+                             else token_clipped_surrogate)
+                terms = surrogate(logps, old_logps, advantages, mask, self.gapo_clips[0], eps_high)
+                pieces.append(diagnostic_sums(terms, inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], adaptive,
+                                              eps_high, advantage_sum, max_count).double())
+            split = pieces[0].numel() if pieces else 0
+            if entropies is not None:
+                include = torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
+                pieces.append(entropy_table(*row_entropy_sums(entropies, mask), inputs[SUCCESS_KEY],
+                                            inputs[NUM_CORRECT_KEY], include, max_count).reshape(-1))
+            if not pieces:
+                return
+            # one collective and one host transfer per micro-batch (every process runs the loss in step); float64 so
+            # that the entropy sums add exactly as the host's
+            total = self.accelerator.reduce(torch.cat(pieces), reduction="sum").tolist()
+        if split:
+            sums = self._gapo_sums[mode]
+            for name, value in named_sums(total[:split], max_count).items():
+                sums[name] += value
+        if entropies is not None:
+            add_sums(self._gapo_explore[mode], entropy_sums(total[split:]))
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, plus the `gapo/*` diagnostics of the interval since the last log (`eval_gapo/*` in evaluation);
-        a training interval also joins the `gapo/is_adv_corr_window` window."""
+        a training interval also joins the `gapo/is_adv_corr_window` window. Also the interval's `gapo/explore/*`
+        (with the coverage window as of its latest generation batch, when it had one), `gapo/groups/*` and
+        `gapo/eps_high/*`."""
         mode = "train" if self.model.training else "eval"
-        sums = self._gapo_sums[mode]
+        sums, metrics = self._gapo_sums[mode], {}
         if sums:
             metrics = metrics_from_sums(sums)
             if mode == "train" and IS_ADV_CORR_LEVELS in metrics:
                 metrics.update(self._gapo_window.add(is_adv_points(metrics)))
             sums.clear()
-            prefix = "eval_" if mode == "eval" else ""  # TRL's convention for evaluation metrics
-            logs.update({f"{prefix}{name}": value for name, value in metrics.items()})
+        metrics.update(exploration_metrics(self._gapo_explore[mode]))
+        metrics.update(self._gapo_coverage_latest[mode])
+        metrics.update(self._gapo_groups[mode].metrics())
+        self._gapo_explore[mode].clear()
+        self._gapo_coverage_latest[mode] = {}
+        self._gapo_groups[mode].clear()
+        prefix = "eval_" if mode == "eval" else ""  # TRL's convention for evaluation metrics
+        logs.update({f"{prefix}{name}": value for name, value in metrics.items()})
         super().log(logs, start_time)
