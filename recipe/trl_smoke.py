@@ -6,8 +6,9 @@
 1. builds the tiny model and tokenizer under OUT (offline, cached; `gapo.smoke.tiny_model`);
 2. trains `--steps` optimizer steps, each generation of 8 prompts x 4 completions feeding 4 steps (off-policy, so the
    clip can bind), the reward of `gapo.smoke.task` (1 when the first visible character is one of the allowed ones);
-3. prints, per step, the reward and the gapo/* diagnostics (per-c clip fraction, eps_high), and fails unless the
-   adaptive clip bound at least once and every step logged its diagnostics.
+3. prints, per step, the reward, the gapo/* diagnostics (per-c clip fraction, eps_high) and the exploration
+   instruments (gapo/explore/*: entropy of successes and failures, distinct first moves, coverage and its window), and
+   fails unless the adaptive clip bound at least once and every step logged its diagnostics and its instruments.
 `--wandb` also logs to W&B offline under OUT/wandb (`make plot-run RUN_DIRS=OUT/wandb` draws its curves).
 The clips are wide and the learning rate large (1e-2) so that a tiny model's ratios move in a few steps; the paper's
 settings in TRL terms are in docs/trl.md.
@@ -24,6 +25,17 @@ from pathlib import Path
 PROMPT_SET_SIZES = (2, 12, 24, 36, 4, 20, 30, 35)
 # (eps_low, eps_high_max) per level for the tiny model's run: wide enough that the bound's dependence on c shows
 SMOKE_CLIPS = {"sequence": (0.02, 0.05), "token": (0.03, 0.08)}
+# A first move of one token: the task's reward reads the first visible character, so the entrance decides success;
+# with 8-token completions the default m (8) would make every completion its own entrance.
+SMOKE_EXPLORATION = {"entrance_tokens": 1}
+# Columns of the per-step table: (header, metric, format); `summarize` prints "-" where a step did not log one
+EXPLORE_COLUMNS = (
+    ("H_succ", "gapo/explore/entropy_success", "{:.3f}"),
+    ("H_fail", "gapo/explore/entropy_failure", "{:.3f}"),
+    ("distinct", "gapo/explore/entrance_distinct", "{:.3f}"),
+    ("cover", "gapo/explore/coverage_frac", "{:.3f}"),
+    ("window", "gapo/explore/coverage_window", "{:.0f}"),
+)
 
 
 def prompt_rows(sizes=PROMPT_SET_SIZES) -> list[dict]:
@@ -48,7 +60,7 @@ def smoke_reward(prompts, completions, allowed, **kwargs) -> list[float]:
 
 def smoke_args(out: Path, level: str = "sequence", steps: int = 8, **overrides):
     """GAPOTRLConfig of the smoke run: 8 prompts x 4 completions per generation, split into 4 optimizer steps of 8
-    completions (off-policy after the first), W&B off."""
+    completions (off-policy after the first), first moves of one token (SMOKE_EXPLORATION), W&B off."""
     from gapo.config import GAPOConfig
     from gapo.integrations.trl import GAPOTRLConfig
 
@@ -57,7 +69,7 @@ def smoke_args(out: Path, level: str = "sequence", steps: int = 8, **overrides):
                     steps_per_generation=4, gradient_accumulation_steps=1, max_completion_length=8, max_steps=steps,
                     learning_rate=1e-2, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
                     temperature=1.0, scale_rewards="none", importance_sampling_level=level, loss_type="grpo",
-                    epsilon=eps_low, gapo=GAPOConfig(eps_high_max=eps_high_max))
+                    epsilon=eps_low, gapo=GAPOConfig(eps_high_max=eps_high_max), exploration=SMOKE_EXPLORATION)
     return GAPOTRLConfig(**{**settings, **overrides})
 
 
@@ -74,19 +86,28 @@ def smoke_trainer(model_dir: Path, args, reward=smoke_reward, sizes=PROMPT_SET_S
 
 
 def summarize(log_history: list[dict]) -> tuple[list[str], list[str]]:
-    """(lines of a per-step table, problems): each step's reward, mean eps_high and per-c clip fractions; a problem
-    when a step logged no gapo/* diagnostics or the adaptive clip never bound."""
-    lines, problems, bound = [f"{'step':>4} {'reward':>7} {'eps_high':>9}  clip fraction of successes, by c"], [], False
+    """(lines of a per-step table, problems): each step's reward, mean eps_high, exploration instruments
+    (EXPLORE_COLUMNS) and per-c clip fractions; a problem when a step logged no gapo/* diagnostics or none of the
+    instruments, or the adaptive clip never bound.
+
+    The entropies come from every step's loss; the entrance and coverage columns from the steps that generated (a
+    generation feeds 4 steps), as TRL's reward."""
+    header = f"{'step':>4} {'reward':>7} {'eps_high':>9} " + " ".join(f"{name:>8}" for name, _, _ in EXPLORE_COLUMNS)
+    lines, problems, bound = [header + "  clip fraction of successes, by c"], [], False
     steps = [h for h in log_history if "loss" in h and "step" in h]
     for h in steps:
         clip = {int(k.rsplit("c", 1)[1]): v for k, v in h.items() if k.startswith("gapo/clipfrac_pos/c")}
         if "gapo/is_adv_corr_levels" not in h:
             problems.append(f"step {h['step']} logged no gapo/* diagnostics")
+        if not any(metric in h for _, metric, _ in EXPLORE_COLUMNS):
+            problems.append(f"step {h['step']} logged no gapo/explore/* instruments")
         bound |= any(v > 0 for v in clip.values())
         eps = h.get("gapo/loss_eps_high_mean")
         reward = h.get("reward")  # TRL logs it in the steps that generated
+        explore = " ".join(f"{'-' if h.get(metric) is None else form.format(h[metric]):>8}"
+                           for _, metric, form in EXPLORE_COLUMNS)
         lines.append(f"{h['step']:>4} {'-' if reward is None else f'{reward:.3f}':>7} "
-                     f"{'-' if eps is None else f'{eps:.4f}':>9}  "
+                     f"{'-' if eps is None else f'{eps:.4f}':>9} {explore}  "
                      + " ".join(f"c{c}={v:.2f}" for c, v in sorted(clip.items())))
     if not steps:
         problems.append("no training step was logged")

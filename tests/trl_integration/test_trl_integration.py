@@ -1,6 +1,7 @@
 """GAPO as TRL's GRPOTrainer loss (gapo.integrations.trl): the same loss and gradients as the verl path on identical
-tensors, each completion's (c, k, success) through TRL's shuffle and split, the errors and warnings of a
-misconfigured run, the import without verl, and a real training run of the smoke task's tiny model."""
+tensors, each completion's (c, k, success) through TRL's shuffle and split, the exploration instruments and group
+metrics recounted from the generations and the loss's entropies (training at world size 2, and evaluation), the errors
+and warnings of a misconfigured run, the import without verl, and a real training run of the smoke task's tiny model."""
 
 import json
 import math
@@ -17,6 +18,16 @@ pytest.importorskip("trl", reason="trl is not installed: tests/trl_integration r
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from gapo.config import GAPOConfig  # noqa: E402
+from gapo.entrance import first_move  # noqa: E402
+from gapo.exploration import (  # noqa: E402
+    CoverageWindow,
+    ExplorationConfig,
+    add_sums,
+    coverage_step,
+    entrance_sums,
+    exploration_metrics,
+)
+from gapo.groups import group_metrics, group_statistics  # noqa: E402
 from gapo.integrations.trl import (  # noqa: E402
     GROUP_SIZE_KEY,
     NUM_CORRECT_KEY,
@@ -25,8 +36,10 @@ from gapo.integrations.trl import (  # noqa: E402
     GAPOTRLConfig,
     completion_group_statistics,
     completion_success,
+    exploration_settings,
     gapo_settings,
 )
+from gapo.threshold import adaptive_eps_high  # noqa: E402
 from gapo.smoke.task import first_visible_char  # noqa: E402
 from gapo.smoke.tiny_model import build_tiny_model  # noqa: E402
 from recipe.trl_smoke import (  # noqa: E402
@@ -296,16 +309,35 @@ def test_bad_gapo_settings_name_the_value_and_the_fix(tmp_path, gapo, match):
         trl_args(tmp_path, gapo=gapo)
 
 
+@pytest.mark.parametrize("exploration, match", [
+    ({"entrance_tokens": 0}, r"exploration.entrance_tokens=0: .*integer >= 1; set e.g. exploration.entrance_tokens=8"),
+    ({"coverage_window": 0}, r"exploration.coverage_window=0: .*integer >= 1; set e.g. exploration.coverage_window=20"),
+    ({"coverage_threshold": 1.0}, r"exploration.coverage_threshold=1.0: a solve rate in \[0, 1\).*"
+                                  r"set e.g. exploration.coverage_threshold=0.05"),
+    ('{"coverage_threshold": -0.1}', r"exploration.coverage_threshold=-0.1: .*set e.g."),
+    ({"entrance_token": 4}, r"unknown keys \['entrance_token'\]; the exploration settings are \['entrance_tokens', "
+                            r"'entrance_until_newline', 'coverage_window', 'coverage_threshold'\]"),
+    ("{not json", "is not JSON"),
+    (7, "pass a gapo.exploration.ExplorationConfig"),
+])
+def test_bad_exploration_settings_name_the_key_and_the_fix(tmp_path, exploration, match):
+    with pytest.raises(ValueError, match=match):
+        trl_args(tmp_path, exploration=exploration)
+
+
 def test_gapo_settings_from_a_command_line_and_to_wandb(tmp_path):
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(GAPOTRLConfig).parse_args_into_dataclasses(
         ["--output_dir", str(tmp_path), "--use_cpu", "--num_generations", "4", "--per_device_train_batch_size", "4",
          "--steps_per_generation", "4", "--epsilon_high", "0.3",
-         "--gapo", '{"schedule": "exp", "success_threshold": 0.9}'])
+         "--gapo", '{"schedule": "exp", "success_threshold": 0.9}',
+         "--exploration", '{"entrance_tokens": 4, "coverage_window": 5}'])
     assert args.gapo == GAPOConfig(schedule="exp", success_threshold=0.9)
-    assert json.loads(args.to_json_string())["gapo"]["schedule"] == "exp"  # what W&B records serialises
-    assert gapo_settings(None) == GAPOConfig()
+    assert args.exploration == ExplorationConfig(entrance_tokens=4, coverage_window=5)
+    recorded = json.loads(args.to_json_string())  # what W&B records serialises
+    assert recorded["gapo"]["schedule"] == "exp" and recorded["exploration"]["entrance_tokens"] == 4
+    assert gapo_settings(None) == GAPOConfig() and exploration_settings(None) == ExplorationConfig()
 
 
 def test_on_policy_setup_warns_that_no_clip_can_bind(tmp_path):
@@ -355,6 +387,135 @@ def test_imports_without_verl():
             "print(m.GAPOGRPOTrainer.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 0 and "GAPOGRPOTrainer" in out.stdout, out.stderr[-3000:]
+
+
+# --- exploration instruments and group metrics, recounted ----------------------------------------------------------
+
+def expected_generation(rows, m, newline_ids, threshold=0.05, success_threshold=0.5):
+    """One generation batch's sums and groups, recounted from its rows [prompt ids, completion ids, reward, advantage]
+    (every process's, in any order): groups by prompt (not TRL's block layout), first moves from the full completion.
+    Returns (entrance and coverage sums, prompts seen, prompts covered, prompts, success, positive)."""
+    prompts = [tuple(prompt) for prompt, *_ in rows]
+    success = [reward is not None and reward > success_threshold for _, _, reward, _ in rows]
+    moves = [first_move(completion, m, newline_ids) for _, completion, _, _ in rows]
+    include = [True] * len(rows)
+    sums = entrance_sums(prompts, moves, success, include)
+    coverage, seen, above = coverage_step(prompts, prompts, success, include, threshold)
+    return add_sums(sums, coverage), seen, above, prompts, success, [adv > 0 for *_, adv in rows]
+
+
+def expected_group_metrics(generations, clips, schedule="linear"):
+    """`group_metrics` over the groups of several generation batches at once (each batch's prompts its own groups)."""
+    uids, success, positive = [], [], []
+    for g, (_, _, _, prompts, ok, pos) in enumerate(generations):
+        uids += [(g, p) for p in prompts]
+        success += ok
+        positive += pos
+    stats = group_statistics(uids, torch.tensor(success))
+    thresholds = lambda c, k: adaptive_eps_high(c, k, *clips, schedule)  # noqa: E731
+    return group_metrics(stats, torch.tensor(positive), torch.ones(len(uids), dtype=torch.bool), thresholds)
+
+
+def expected_entropy(micro_batches):
+    """{entropy_success, entropy_failure, entropy_success/c{c}} over the rows [..., c, k, success, entropies] of the
+    micro-batches (every process's), token-weighted, in float64."""
+    sums: dict[str, list[float]] = {}
+    for rows in micro_batches:
+        for *_, c, _, ok, entropies in rows:
+            for key in (["success", f"success/c{int(c)}"] if ok else ["failure"]):
+                sums.setdefault(key, []).extend(entropies)
+    return {f"gapo/explore/entropy_{key}": math.fsum(v) / len(v) for key, v in sums.items() if v}
+
+
+# float32 values (the loss's entropies, row by row; eps_high, which group_metrics averages in float32); the others are
+# ratios of counts, in float64
+FLOAT32_METRICS = ("gapo/explore/entropy", "gapo/eps_high/")
+
+
+def assert_logged(logged: dict, expected: dict, prefix=""):
+    """Every expected metric is logged (under `prefix`) with its value (to float32's or float64's rounding,
+    FLOAT32_METRICS), and no other metric of their families is."""
+    for name, value in expected.items():
+        rel = 1e-6 if name.startswith(FLOAT32_METRICS) else 1e-12
+        assert logged.get(prefix + name) == pytest.approx(value, rel=rel, abs=rel), name
+    families = tuple(prefix + f for f in ("gapo/explore/", "gapo/groups/", "gapo/eps_high/")
+                     if any(name.startswith(f) for name in expected))
+    extra = [k for k in logged if k.startswith(families) and k[len(prefix):] not in expected]
+    assert not extra, extra
+
+
+def test_evaluation_logs_exploration_and_group_metrics_recounted(tiny_model, tmp_path):
+    """trainer.evaluate() on 8 prompts x num_generations_eval = 2 (two eval batches of 4 prompts; first moves of 2
+    tokens ending at a newline, every token one here; coverage above c / k = 0.5; top_k=3, so first moves repeat):
+    eval_gapo/explore/* (entrance, coverage, window, entropy), eval_gapo/groups/* and eval_gapo/eps_high/* equal a
+    recount over both batches' generations and the loss's entropies; the diagnostics are logged too."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from recipe.trl_smoke import prompt_rows
+
+    log, generations, micro_batches, entropies = [], [], [], []
+    args = trl_args(tmp_path, num_generations_eval=2, per_device_eval_batch_size=8, top_k=3,
+                    exploration={"entrance_tokens": 2, "entrance_until_newline": True, "coverage_threshold": 0.5})
+    trainer = make_trainer(tiny_model, args, reward=graded_reward(log))
+    assert trainer._gapo_newline_ids == frozenset(AutoTokenizer.from_pretrained(tiny_model).encode("\n"))
+    # the tiny model seldom writes a newline: let every id end a first move, which then is the first token alone
+    every_id = frozenset(range(len(trainer.processing_class)))
+    trainer._gapo_newline_ids = every_id
+    generate, compute, forward = (trainer._generate_and_score_completions, trainer._compute_loss,
+                                  trainer._get_per_token_logps_and_entropies)
+
+    def real_ids(batch, key, i):
+        mask = batch["prompt_mask" if key == "prompt_ids" else "completion_mask"][i].bool()
+        return batch[key][i][mask].tolist()
+
+    def spy_generate(inputs):
+        out = generate(inputs)
+        generations.append([[real_ids(out, "prompt_ids", i), real_ids(out, "completion_ids", i), log[-1][i],
+                             out["advantages"][i].item()] for i in range(out["completion_ids"].shape[0])])
+        return out
+
+    def spy_forward(*a, **kw):
+        out = forward(*a, **kw)
+        if kw.get("compute_entropy"):
+            entropies.append(out[1].clone())
+        return out
+
+    def spy_compute(model, inputs):
+        loss = compute(model, inputs)
+        (entropy,) = entropies
+        entropies.clear()
+        real = inputs["completion_mask"].bool()
+        micro_batches.append([[inputs[NUM_CORRECT_KEY][i].item(), inputs[GROUP_SIZE_KEY][i].item(),
+                               bool(inputs[SUCCESS_KEY][i]), entropy[i][real[i]].tolist()]
+                              for i in range(real.shape[0])])
+        return loss
+
+    trainer._generate_and_score_completions, trainer._compute_loss = spy_generate, spy_compute
+    trainer._get_per_token_logps_and_entropies = spy_forward
+    metrics = trainer.evaluate(eval_dataset=Dataset.from_list(prompt_rows((1, 10, 24, 36, 3, 16, 30, 35))))
+
+    assert [len(g) for g in generations] == [8, 8]  # two eval batches of 4 prompts x 2
+    assert all(k == 2 for rows in micro_batches for _, k, _, _ in rows)
+    recount = [expected_generation(rows, 2, every_id, threshold=0.5) for rows in generations]
+    two_tokens = [expected_generation(rows, 2, None, threshold=0.5)[0] for rows in generations]
+    assert sum(s["entrance/distinct_frac"] for s in two_tokens) > sum(s["entrance/distinct_frac"] for s, *_ in recount)
+    window = CoverageWindow(20)
+    for _, seen, above, *_ in recount:
+        expected_window = window.add(seen, above)
+    sums: dict = {}
+    for part, *_ in recount:
+        add_sums(sums, part)
+    expected = {**exploration_metrics(sums), **expected_window, **expected_entropy(micro_batches)}
+    expected.update(expected_group_metrics(recount, (EPS_LOW, EPS_MAX)))
+    assert_logged(metrics, expected, prefix="eval_")
+    assert {"eval_gapo/explore/entrance_distinct", "eval_gapo/explore/coverage_frac", "eval_gapo/groups/mixed_frac",
+            "eval_gapo/explore/entropy_failure", "eval_gapo/explore/coverage_window"} <= set(metrics)
+    assert "eval_gapo/is_adv_corr_levels" in metrics  # the clip diagnostics of evaluation, beside them
+    assert not any(k.startswith("gapo/") for k in metrics)  # nothing under the training names
+    # not trivial: groups with successes, and a threshold (c / k above 0.5) that leaves c = 1 of 2 uncovered
+    assert metrics["eval_gapo/groups/mixed_frac"] + metrics["eval_gapo/groups/all_correct_frac"] > 0
+    assert metrics["eval_gapo/groups/size_mean"] == 2
 
 
 # --- end to end: TRL's real trainer on the smoke task ------------------------------------------------------------
@@ -410,17 +571,28 @@ def test_trl_smoke_cli_trains_and_checks(tmp_path):
     assert "OK: GAPO trained 4 steps with TRL's GRPOTrainer at token level" in out.stdout
     table = [line for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert len(table) == 4 and any("c" in line and "=0." in line for line in table), out.stdout
+    assert "H_succ" in out.stdout  # the exploration columns (summarize fails a step that logged none)
+    assert table[0].split()[5] != "-" and table[0].split()[7] != "-"  # the generating step's entrance and window
 
 
 def test_summary_fails_a_run_whose_clip_never_bound_or_that_logged_no_diagnostics():
-    steps = [{"step": 1, "loss": 0.1, "reward": 0.5, "gapo/is_adv_corr_levels": 2.0, "gapo/clipfrac_pos/c1": 0.0},
-             {"step": 2, "loss": 0.1, "reward": 0.5, "gapo/is_adv_corr_levels": 1.0, "gapo/clipfrac_pos/c3": 0.0}]
+    steps = [{"step": 1, "loss": 0.1, "reward": 0.5, "gapo/is_adv_corr_levels": 2.0, "gapo/clipfrac_pos/c1": 0.0,
+              "gapo/explore/entropy_success": 3.25, "gapo/explore/entropy_failure": 3.5,
+              "gapo/explore/entrance_distinct": 0.75, "gapo/explore/coverage_frac": 0.5,
+              "gapo/explore/coverage_window": 6.0},
+             {"step": 2, "loss": 0.1, "reward": 0.5, "gapo/is_adv_corr_levels": 1.0, "gapo/clipfrac_pos/c3": 0.0,
+              "gapo/explore/entropy_failure": 3.125}]
     assert summarize(steps)[1] == ["the adaptive clip never bound (every gapo/clipfrac_pos/c* was 0)"]
     steps[1]["gapo/clipfrac_pos/c3"] = 0.25
     lines, problems = summarize(steps)
     assert problems == [] and "c3=0.25" in lines[2]
+    assert lines[0].split()[3:8] == ["H_succ", "H_fail", "distinct", "cover", "window"]
+    assert lines[1].split()[3:8] == ["3.250", "3.500", "0.750", "0.500", "6"]
+    assert lines[2].split()[3:8] == ["-", "3.125", "-", "-", "-"]  # a step that did not generate: its entropy only
     del steps[0]["gapo/is_adv_corr_levels"]
     assert summarize(steps)[1] == ["step 1 logged no gapo/* diagnostics"]
+    del steps[1]["gapo/explore/entropy_failure"]
+    assert summarize(steps)[1] == ["step 1 logged no gapo/* diagnostics", "step 2 logged no gapo/explore/* instruments"]
     assert summarize([])[1] == ["no training step was logged"]
 
 
@@ -453,7 +625,12 @@ def test_two_processes_carry_the_global_groups_and_reduce_the_sums(tiny_model, t
     """World size 2 (torchrun, gloo on CPU): TRL gathers the rewards of both processes and each keeps its own rows.
     Every micro-batch row on either rank carries the (c, k, success) of its prompt's group counted over both ranks'
     rewards (a rank that took the other's slice, or counted its own rows only, fails), and the logged gapo/* values,
-    reduced over the processes, are the same on both ranks."""
+    reduced over the processes, are the same on both ranks.
+
+    The exploration instruments after TRL's shuffle and split: each step's gapo/explore/entropy_* equal a recount from
+    the entropies of the loss's forward pass on both ranks' micro-batches of that step; in the steps that generated,
+    the entrance (first moves of 2 tokens, ending at a newline), coverage and window metrics, gapo/groups/* and
+    gapo/eps_high/* equal a recount over both ranks' generation records (before the shuffle), grouped by prompt."""
     import socket
 
     with socket.socket() as s:
@@ -473,12 +650,12 @@ def test_two_processes_carry_the_global_groups_and_reduce_the_sums(tiny_model, t
     for g in range(2):
         rows = ranks[0]["generations"][g] + ranks[1]["generations"][g]
         assert len(rows) == 16  # 4 prompts x 4 completions over both ranks, 8 each
-        success = [reward is not None and reward > 0.5 for _, _, reward in rows]
+        success = [reward is not None and reward > 0.5 for _, _, reward, _ in rows]
         members: dict[tuple, list[int]] = {}
-        for i, (prompt, _, _) in enumerate(rows):
+        for i, (prompt, *_) in enumerate(rows):
             members.setdefault(tuple(prompt), []).append(i)
         expected = {}
-        for i, (prompt, completion, _) in enumerate(rows):
+        for i, (prompt, completion, *_) in enumerate(rows):
             group = members[tuple(prompt)]
             value = (sum(success[j] for j in group), len(group), success[i])
             assert expected.setdefault((tuple(prompt), tuple(completion)), value) == value
@@ -486,7 +663,31 @@ def test_two_processes_carry_the_global_groups_and_reduce_the_sums(tiny_model, t
         for rank in ranks:
             for batch in rank["micro_batches"][2 * g: 2 * g + 2]:
                 assert len(batch) == 4
-                for prompt, completion, c, k, ok in batch:
+                for prompt, completion, c, k, ok, _ in batch:
                     assert (c, k, ok) == expected[(tuple(prompt), tuple(completion))]
     assert len(counts) >= 2, counts
     assert ranks[0]["logged"] and ranks[0]["logged"] == ranks[1]["logged"]
+
+    # the exploration instruments and group metrics, step by step (logging_steps=1; a generation every 2 steps)
+    from transformers import AutoTokenizer
+
+    newline_ids = AutoTokenizer.from_pretrained(tiny_model).encode("\n")
+    assert len(newline_ids) == 1 and ranks[0]["newline_ids"] == newline_ids  # the tiny vocabulary's one newline
+    logged = ranks[0]["logged"]
+    assert [h["step"] for h in logged] == [1, 2, 3, 4]
+    window = CoverageWindow(20)
+    for step, h in enumerate(logged, start=1):
+        expected = expected_entropy([rank["micro_batches"][step - 1] for rank in ranks])
+        if step % 2 == 1:  # this step's batch was generated: its entrance, coverage, window and group metrics
+            rows = ranks[0]["generations"][step // 2] + ranks[1]["generations"][step // 2]
+            recount = expected_generation(rows, 2, set(newline_ids))
+            expected.update(exploration_metrics(recount[0]))
+            expected.update(window.add(recount[1], recount[2]))
+            expected.update(expected_group_metrics([recount], SMOKE_CLIPS["token"]))
+            assert "gapo/explore/coverage_window_seen" in h and "gapo/groups/success_rate_mean" in h
+        else:
+            assert not any(k.startswith(("gapo/groups/", "gapo/eps_high/")) for k in h), h
+        assert_logged(h, expected)
+    assert logged[2]["gapo/explore/coverage_window_steps"] == 2  # the window pools both generation batches
+    # not trivial: the run samples with top_k=3, so first moves repeat within groups (a grouping error would show)
+    assert min(h["gapo/explore/entrance_distinct"] for h in logged[::2]) < 1
