@@ -146,7 +146,8 @@ def test_known_data_source_helper():
 
 
 @pytest.mark.parametrize("path", ["/nonexistent/model", "./model", "~/nope/model", "runs/smoke/model", "model"])
-def test_missing_local_model_path_names_the_key(path):
+def test_missing_local_model_path_names_the_key(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths: not the checkout, where `make smoke` leaves runs/smoke/model
     problems = check_model_path(_config("x", "x", model=path))
     assert len(problems) == 1
     assert problems[0].startswith(f"actor_rollout_ref.model.path='{path}': no such folder")
