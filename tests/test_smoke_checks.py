@@ -9,9 +9,13 @@ from recipe.smoke import SmokeCheckError, check, shape_overrides
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _step(mixed=0.5, lo=0.03, hi=0.05, clip=0.2, loss_eps=True, logp_gap=3e-8):
+def _step(mixed=0.5, lo=0.03, hi=0.05, clip=0.2, loss_eps=True, logp_gap=3e-8, explore=True):
     m = {"gapo/groups/mixed_frac": mixed, "gapo/eps_high/min": lo, "gapo/eps_high/max": hi,
          "gapo/clipfrac_pos/c2": clip}
+    if explore:  # the exploration instruments a smoke step must log (recipe.smoke.EXPLORATION_REQUIRED)
+        m.update({"gapo/explore/entropy_success": 3.7, "gapo/explore/entropy_failure": 3.8,
+                  "gapo/explore/entrance_distinct": 0.9, "gapo/explore/coverage_frac": 1.0,
+                  "gapo/explore/coverage_window": 8.0})
     if logp_gap is not None:
         m["training/rollout_probs_diff_max"] = logp_gap
     if loss_eps:
@@ -73,6 +77,7 @@ def test_shape_overrides():
         # a rollout engine that kept the old weights: the gap after an update is far above fp32 noise
         (dict(logp_gap=2e-3), "did not sample from the actor's weights"),
         (dict(logp_gap=None), "did not sample from the actor's weights"),
+        (dict(explore=False), "exploration instruments did not run"),
     ],
 )
 def test_runs_that_show_nothing_are_rejected(ckpt, bad, message):
