@@ -195,10 +195,12 @@ def test_humaneval_canonical_pass_and_corrupted_fail(box):
     wrong = [_fence(p["prompt"] + p["canonical_solution"] + CORRUPT.format(name=p["entry_point"]))
              for p in problems]
     start = time.monotonic()
+    # verdicts, not speed: HumanEval's 1 s per call (the protocol's default) timed HumanEval/73's canonical
+    # solution out in fresh-clone CI beside the vLLM and TRL streams; 10 s a call leaves load no say
     results = compute_code_score_batch(["humaneval"] * (2 * 164 + 20), right + body_only + wrong,
-                                       gts + gts[:20] + gts, sandbox=box)
+                                       gts + gts[:20] + gts, sandbox=box, test_timeout_s=10.0)
     elapsed = time.monotonic() - start
-    failed = [p["task_id"] for p, r in zip(problems, results[:164]) if r["score"] != 1.0]
+    failed = [(p["task_id"], r["reason"]) for p, r in zip(problems, results[:164]) if r["score"] != 1.0]
     assert failed == []
     assert [r["score"] for r in results[164:184]] == [1.0] * 20
     passed_corrupt = [p["task_id"] for p, r in zip(problems, results[184:]) if r["score"] != 0.0]
