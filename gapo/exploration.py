@@ -2,8 +2,8 @@
 
 Shared by verl's trainer (`gapo.verl_plugin.trainer`, on the driver, from the step's TransferQueue fields) and the
 TRL trainer (`gapo.integrations.trl`), so both log the same numbers for the same rollouts. Every value is a ratio of
-sums (`exploration_sums` -> `exploration_metrics`), so sums from micro-batches, processes and generation batches add
-key by key and the ratio stays exact over whatever they cover. A row is one rollout; `include` leaves out verl's
+sums (`entropy_sums` and `rollout_sums` -> `exploration_metrics`), so sums from micro-batches, processes and
+generation batches add key by key and the ratio stays exact over whatever they cover. A row is one rollout; `include` leaves out verl's
 padding rows (no entrance, no entropy, no prompt). Groups are the rollouts of one prompt (uid).
 
     gapo/explore/entropy_success          sum of per-token entropy / tokens, over the successes' real tokens
@@ -71,7 +71,7 @@ class ExplorationConfig:
         coverage_threshold: a prompt is covered when its solve rate c / k is above this, in [0, 1). verl's config
             takes it from `trainer.val_coverage_threshold` (validation's), default 0.05.
 
-    Validated at construction: ValueError naming the key (`<prefix>.<name>`), the bad value and the fix.
+    Validated at construction: ValueError naming the key (`exploration.<name>`), the bad value and the fix.
     """
 
     entrance_tokens: int = DEFAULT_ENTRANCE_TOKENS
@@ -82,8 +82,9 @@ class ExplorationConfig:
     def __post_init__(self):
         self.validate()
 
-    def validate(self, prefix: str = "exploration") -> None:
-        """Raise ValueError for the first bad knob, naming `<prefix>.<name>`, its value and the fix."""
+    def validate(self) -> None:
+        """Raise ValueError for the first bad knob, naming `exploration.<name>`, its value and the fix."""
+        prefix = "exploration"
         m = self.entrance_tokens
         if not _is_int(m) or m < 1:
             raise ValueError(f"{prefix}.entrance_tokens={m!r}: a first move's length in response tokens must be an "
@@ -206,26 +207,28 @@ def entropy_sums(table: torch.Tensor | Sequence) -> dict[str, float]:
     return out
 
 
-def _members(groups: Sequence[Hashable], include: Sequence[bool]) -> dict:
-    """{group: [row, ...]} of the included rows, in row order."""
+def rollout_sums(groups: Sequence[Hashable], prompts: Sequence[Hashable], moves: Sequence[Move],
+                 success: Sequence[bool], include: Sequence[bool], threshold: float):
+    """One step's (or generation batch's) entrance and coverage sums, from each group of included rows.
+
+    Per group (`gapo.entrance.group_entrances` of its members' first moves and success flags): its distinct_frac and,
+    when it has successes, its unique_success_frac, added up overall and per c (the group's successes); and whether
+    its solve rate c / k is above `threshold` (strictly, as `gapo.passk`'s coverage). A group is one prompt, keyed by
+    `prompts` of its first included row (e.g. `prompt_key`).
+
+    Returns:
+        (sums, prompts seen, prompts covered). Sum keys: `entrance/groups`, `entrance/distinct_frac`,
+        `entrance/success_groups`, `entrance/unique_success_frac`, the same under `entrance/c{c}/...`, and
+        `coverage/prompts`, `coverage/above`.
+    """
+    ok = [bool(s) for s in success]
     members: dict = defaultdict(list)
     for row, (group, keep) in enumerate(zip(groups, include, strict=True)):
         if keep:
             members[group].append(row)
-    return members
-
-
-def entrance_sums(groups: Sequence[Hashable], moves: Sequence[Move], success: Sequence[bool],
-                  include: Sequence[bool]) -> dict[str, float]:
-    """Entrance sums of a step: per group of included rows (`gapo.entrance.group_entrances`), its distinct_frac and,
-    when it has successes, its unique_success_frac, added up overall and per c (the group's successes among them).
-
-    Keys: `entrance/groups`, `entrance/distinct_frac`, `entrance/success_groups`, `entrance/unique_success_frac`,
-    and the same under `entrance/c{c}/...`.
-    """
-    ok = [bool(s) for s in success]
     sums: dict[str, float] = defaultdict(float)
-    for rows in _members(groups, include).values():
+    seen, above = set(), set()
+    for rows in members.values():
         stats = group_entrances([moves[r] for r in rows], [ok[r] for r in rows])
         for scope in ("entrance", f"entrance/c{stats.successes}"):
             sums[f"{scope}/groups"] += 1
@@ -233,27 +236,14 @@ def entrance_sums(groups: Sequence[Hashable], moves: Sequence[Move], success: Se
             if stats.successes:
                 sums[f"{scope}/success_groups"] += 1
                 sums[f"{scope}/unique_success_frac"] += stats.unique_success_frac
-    return dict(sums)
-
-
-def coverage_step(groups: Sequence[Hashable], prompts: Sequence[Hashable], success: Sequence[bool],
-                  include: Sequence[bool], threshold: float):
-    """One step's live coverage: ({`coverage/prompts`, `coverage/above`} sums, prompts seen, prompts covered).
-
-    A group is one prompt (its key: `prompts` of its first included row, e.g. `prompt_key`); it is covered when its
-    solve rate c / k over its included rows is above `threshold` (strictly, as `gapo.passk`'s coverage).
-    """
-    ok = [bool(s) for s in success]
-    seen, above = set(), set()
-    members = _members(groups, include)
-    n_above = 0
-    for rows in members.values():
         key = prompts[rows[0]]
         seen.add(key)
-        if sum(ok[r] for r in rows) / len(rows) > threshold:
+        sums["coverage/prompts"] += 1
+        covered = stats.successes / stats.size > threshold
+        sums["coverage/above"] += covered  # present at 0 too: a step with no covered prompt logs coverage_frac 0
+        if covered:
             above.add(key)
-            n_above += 1
-    return {"coverage/prompts": float(len(members)), "coverage/above": float(n_above)}, seen, above
+    return dict(sums), seen, above
 
 
 def add_sums(total: dict, part: dict) -> dict:
@@ -269,8 +259,7 @@ def _ratio(sums: dict, num: str, den: str):
 
 
 def exploration_metrics(sums: dict) -> dict[str, float]:
-    """The `gapo/explore/*` step metrics (module docstring) from summed `entropy_sums`, `entrance_sums` and
-    `coverage_step` sums. Only what is defined is returned (no tokens, no group: no entry; never NaN)."""
+    """The `gapo/explore/*` step metrics (module docstring) from summed `entropy_sums` and `rollout_sums` sums. Only what is defined is returned (no tokens, no group: no entry; never NaN)."""
     out: dict[str, float] = {}
 
     def put(name, value):

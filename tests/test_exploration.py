@@ -34,14 +34,13 @@ from gapo.exploration import (
     CoverageWindow,
     ExplorationConfig,
     add_sums,
-    coverage_step,
-    entrance_sums,
     entropy_sums,
     entropy_table,
     exploration_metrics,
     first_moves,
     leading_tokens,
     prompt_key,
+    rollout_sums,
     row_entropy_sums,
 )
 
@@ -104,11 +103,9 @@ def _step(rows, threshold=0.05, newline_ids=None):
     lead, _ = leading_tokens(responses, M)
     moves = first_moves(lead, newline_ids)
     sums = entropy_sums(entropy_table(*row_entropy_sums(entropy), success, num_correct, include, MAX_COUNT))
-    add_sums(sums, entrance_sums(groups, moves, success.tolist(), include.tolist()))
-    cov, seen, above = coverage_step(groups, [f"prompt-{g}" for g in groups], success.tolist(), include.tolist(),
-                                     threshold)
-    add_sums(sums, cov)
-    return sums, seen, above
+    part, seen, above = rollout_sums(groups, [f"prompt-{g}" for g in groups], moves, success.tolist(),
+                                     include.tolist(), threshold)
+    return add_sums(sums, part), seen, above
 
 
 def _interleaved(rows, seed=0):

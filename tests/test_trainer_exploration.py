@@ -17,10 +17,6 @@ def _jagged(rows, dtype=torch.long):
     return torch.nested.as_nested_tensor([torch.tensor(r, dtype=dtype) for r in rows], layout=torch.jagged)
 
 
-class Fields(dict):
-    """A dict with TensorDict's keys() (what the trainer hands over)."""
-
-
 # uid a: 2 sessions; session 0 has two outputs (index 0 a draft, index 1 final), session 1 one. uid b: 2 sessions.
 # One padding row. m = 2.
 KEYS = ["a_0_0", "a_0_1", "a_1_0", "b_0_0", "b_1_0", "padX_0_0"]
@@ -31,14 +27,14 @@ ENTROPY = [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [3.0, 3.0], [0.5, 0.5], [4.0], [100
 PROMPTS = [[7, 7], [7, 7], [7, 7], [8], [8], [0]]
 
 
-def _step(tmp_path=None, monkeypatch=None, with_entropy=True, window=2):
+def _step(with_entropy=True, window=2):
     real = torch.tensor([not u.startswith("pad") for u in UIDS])
     stats = group_statistics(UIDS, torch.tensor(SCORES) > 0.5, session_final_rows(KEYS))
-    fields = Fields(uid=UIDS, responses=_jagged(RESPONSES), prompts=_jagged(PROMPTS))
+    fields = {"responses": _jagged(RESPONSES), "prompts": _jagged(PROMPTS)}
     if with_entropy:
         fields["entropy"] = _jagged(ENTROPY, torch.float32)
     instruments = StepExploration(ExplorationConfig(entrance_tokens=2, coverage_window=window))
-    return instruments, instruments.step(KEYS, fields, stats, real, sessions=True, step=7)
+    return instruments, instruments.step(KEYS, UIDS, fields, stats, real, sessions=True, step=7)
 
 
 def test_sessions_padding_and_entropy():
@@ -67,8 +63,9 @@ def test_no_entropy_in_bypass_mode_the_rest_still_logged():
 def test_the_window_holds_prompts_across_steps():
     instruments, _ = _step(window=2)
     real = torch.ones(2, dtype=torch.bool)
-    fields = Fields(uid=["c", "c"], responses=_jagged([[1], [2]]), prompts=_jagged([[9, 9], [9, 9]]))
-    out = instruments.step(["c_0_0", "c_1_0"], fields, group_statistics(["c", "c"], torch.tensor([False, False])),
+    fields = {"responses": _jagged([[1], [2]]), "prompts": _jagged([[9, 9], [9, 9]])}
+    none = group_statistics(["c", "c"], torch.tensor([False, False]))
+    out = instruments.step(["c_0_0", "c_1_0"], ["c", "c"], fields, none,
                            real, sessions=True, step=8)
     assert out["gapo/explore/coverage_frac"] == 0.0  # 0/2 is not above 5%
     assert out["gapo/explore/coverage_window"] == 2.0 and out["gapo/explore/coverage_window_seen"] == 3.0

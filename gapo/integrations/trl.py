@@ -54,14 +54,13 @@ from gapo.exploration import (
     CoverageWindow,
     ExplorationConfig,
     add_sums,
-    coverage_step,
-    entrance_sums,
     entropy_sums,
     entropy_table,
     exploration_metrics,
     first_moves,
     newline_token_ids,
     prompt_key,
+    rollout_sums,
     row_entropy_sums,
 )
 from gapo.groups import GroupStatistics, group_metrics, group_statistics
@@ -260,15 +259,16 @@ def completion_group_statistics(success: torch.Tensor, num_generations: int) -> 
     return group_statistics([i // num_generations for i in range(n)], success.cpu())
 
 
-def advantage_sums(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B,) each completion's advantage summed over its loss tokens: its sign decides who gets the adaptive bound.
+def token_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each completion's advantage per token (B, T) float32, and summed over its loss tokens (B,): the sum's sign
+    decides who gets the adaptive bound.
 
     Args:
         advantages: TRL's (B,) per-completion advantages, or (B, T) per-token ones.
         mask: (B, T) the loss's tokens (TRL's completion_mask, times tool_mask when present).
     """
     per_token = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).float().expand(mask.shape)
-    return (per_token * mask).sum(-1)
+    return per_token, (per_token * mask).sum(-1)
 
 
 def completion_heads(completion_ids: list, m: int) -> torch.Tensor:
@@ -418,7 +418,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
         mask = output["completion_mask"]
         if "tool_mask" in output:
             mask = mask * output["tool_mask"]
-        positive = (advantage_sums(output["advantages"], mask) > 0).long().cpu()
+        positive = (token_advantages(output["advantages"], mask)[1] > 0).long().cpu()
         local = torch.cat([self._gapo_heads, keys.unsqueeze(1), positive.unsqueeze(1)], dim=1)
         rows = self.accelerator.gather(local.to(device)).cpu()
         m = self.exploration.entrance_tokens
@@ -426,9 +426,8 @@ class GAPOGRPOTrainer(GRPOTrainer):
         prompts, positive = rows[:, m].tolist(), rows[:, m + 1].bool()
         groups = [i // num_generations for i in range(rows.shape[0])]
         success, include = stats.success.tolist(), [True] * rows.shape[0]
-        sums = entrance_sums(groups, moves, success, include)
-        coverage, seen, above = coverage_step(groups, prompts, success, include, self.exploration.coverage_threshold)
-        add_sums(self._gapo_explore[mode], add_sums(sums, coverage))
+        sums, seen, above = rollout_sums(groups, prompts, moves, success, include, self.exploration.coverage_threshold)
+        add_sums(self._gapo_explore[mode], sums)
         self._gapo_coverage_latest[mode] = self._gapo_coverage[mode].add(seen, above)
         eps_low, eps_high_max = self.gapo_clips
         thresholds = partial(adaptive_eps_high, eps_low=eps_low, eps_high_max=eps_high_max, schedule=self.gapo.schedule)
@@ -451,9 +450,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
             raise RuntimeError(f"the batch has no {missing}: it did not come from GAPOGRPOTrainer's "
                                "_generate_and_score_completions")
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-        advantages = inputs["advantages"]
-        per_token_adv = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).float().expand(mask.shape)
-        advantage_sum = advantage_sums(advantages, mask)  # (B,): its sign decides who gets the adaptive bound
+        per_token_adv, advantage_sum = token_advantages(inputs["advantages"], mask)
         eps_low, eps_high_max = self.gapo_clips
         eps_high, adaptive = rollout_eps_high(inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], inputs[SUCCESS_KEY],
                                               advantage_sum > 0, eps_low, eps_high_max, self.gapo.schedule)

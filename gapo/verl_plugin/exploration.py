@@ -1,7 +1,7 @@
 """The exploration instruments in verl's trainer: one step's TransferQueue fields in, `gapo/explore/*` metrics out.
 
 GAPOTrainer calls `StepExploration.step` at advantage time, on the driver, with the fields it fetched in one
-`kv_batch_get` (`responses`, `prompts`, `uid`, and `entropy`, which verl's old-log-prob pass wrote: no extra forward
+`kv_batch_get` (`responses`, `prompts`, and `entropy`, which verl's old-log-prob pass wrote: no extra forward
 pass, nothing in the loss). The arithmetic is `gapo.exploration`'s, shared with the TRL trainer.
 
 Rows: verl's padding rows (batch balancing) are left out of everything; with verl's GRPO grouping by session only a
@@ -25,8 +25,6 @@ from gapo.exploration import (
     CoverageWindow,
     ExplorationConfig,
     add_sums,
-    coverage_step,
-    entrance_sums,
     entropy_sums,
     entropy_table,
     exploration_metrics,
@@ -34,15 +32,12 @@ from gapo.exploration import (
     leading_tokens,
     newline_token_ids,
     prompt_key,
+    rollout_sums,
     row_entropy_sums,
 )
 from gapo.groups import GroupStatistics, session_final_rows
 
 ROWS_ENV = "GAPO_DEBUG_EXPLORE_ROWS"
-
-
-def _as_list(values) -> list:
-    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 class StepExploration:
@@ -55,13 +50,14 @@ class StepExploration:
         self.window = CoverageWindow(settings.coverage_window)
         self.newline_ids = None  # with entrance_until_newline: from the tokenizer, at the first step
 
-    def step(self, keys, data, stats: GroupStatistics, real: torch.Tensor, sessions: bool, step: int,
+    def step(self, keys, uids, data, stats: GroupStatistics, real: torch.Tensor, sessions: bool, step: int,
              tokenizer=None) -> dict:
         """The step's `gapo/explore/*` metrics (`gapo.exploration`; the coverage window advances by one step).
 
         Args:
             keys: TransferQueue keys `{uid}_{session}_{index}` of the B rows.
-            data: the fetched fields: `uid`, `responses` and `prompts` (jagged (B, *) token ids), and `entropy` (jagged
+            uids: the rows' uids (their groups).
+            data: the fetched fields (a TensorDict or a dict): `responses` and `prompts` (jagged (B, *) token ids), and `entropy` (jagged
                 (B, *) per-token entropy of the response) when the old-log-prob pass ran.
             stats: each row's (c, k, success) (`gapo.groups.rollout_group_statistics`).
             real: (B,) bool, not a padding row.
@@ -72,16 +68,13 @@ class StepExploration:
         settings = self.settings
         if settings.entrance_until_newline and self.newline_ids is None:
             self.newline_ids = newline_token_ids(tokenizer)
-        uids = _as_list(data["uid"])
         final = session_final_rows(keys) if sessions else list(range(len(keys)))
         member = [bool(r) and final[i] == i for i, r in enumerate(real.tolist())]
         success = stats.success.tolist()
         lead, lengths = leading_tokens(data["responses"], settings.entrance_tokens)
         moves = first_moves(lead, self.newline_ids)
         prompts = self._prompt_keys(uids, member, data["prompts"])
-        sums = entrance_sums(uids, moves, success, member)
-        coverage, seen, above = coverage_step(uids, prompts, success, member, settings.coverage_threshold)
-        add_sums(sums, coverage)
+        sums, seen, above = rollout_sums(uids, prompts, moves, success, member, settings.coverage_threshold)
         entropy = None
         if "entropy" in data.keys():
             entropy = row_entropy_sums(data["entropy"])

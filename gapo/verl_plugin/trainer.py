@@ -198,8 +198,9 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         real = torch.tensor([not tag.get("is_padding", False) for tag in batch.tags], dtype=torch.bool)
         sessions = self.config.algorithm.adv_estimator == core_algos.AdvantageEstimator.GRPO
+        uids = _as_list(data["uid"])
         stats, truncated = rollout_group_statistics(
-            batch.keys, _as_list(data["uid"]), data["rm_scores"], self._gapo,
+            batch.keys, uids, data["rm_scores"], self._gapo,
             max_response_length=self.config.data.max_response_length, sessions=sessions,
         )
         columns = {NUM_CORRECT_KEY: stats.num_correct, GROUP_SIZE_KEY: stats.group_size,
@@ -222,7 +223,7 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
         positive = torch.stack([row.sum() for row in advantages.unbind()]) > 0
         metrics.update(self._group_metrics(stats, positive, real))
         metrics.update(reward_extra_metrics([e for e, r in zip(_as_list(data["extra_fields"]), real.tolist()) if r]))
-        metrics.update(self._exploration.step(batch.keys, data, stats, real, sessions, self.global_steps,
+        metrics.update(self._exploration.step(batch.keys, uids, data, stats, real, sessions, self.global_steps,
                                               self.tokenizer))
         return batch
 

@@ -47,16 +47,13 @@ def step_batch(prompts: int, k: int, max_tokens: int, prompt_tokens: int, seed: 
     uids = [f"u{i // k}" for i in range(b)]
     success = torch.rand(b, generator=g) < 0.3
     return {
-        "fields": {"uid": uids, "responses": responses, "prompts": _jagged([prompt_rows[i // k] for i in range(b)]),
+        "uids": uids,
+        "fields": {"responses": responses, "prompts": _jagged([prompt_rows[i // k] for i in range(b)]),
                    "entropy": entropy},
         "keys": [f"{uid}_{i % k}_0" for i, uid in enumerate(uids)],
         "stats": group_statistics(uids, success),
         "tokens": total,
     }
-
-
-class _Fields(dict):
-    """A dict with TensorDict's `keys()` (what StepExploration reads)."""
 
 
 def main(argv=None) -> int:
@@ -76,13 +73,13 @@ def main(argv=None) -> int:
         parser.error("--repeats must be at least 1")
     torch.set_num_threads(args.threads)
     batch = step_batch(args.prompts, args.group_size, args.max_tokens, args.prompt_tokens)
-    fields = _Fields(batch["fields"])
+    fields = batch["fields"]
     real = torch.ones(len(batch["keys"]), dtype=torch.bool)
     instruments = StepExploration(ExplorationConfig(entrance_tokens=args.entrance_tokens))
     times = []
     for _ in range(args.repeats + 1):  # the first is a warm-up
         start = time.perf_counter()
-        metrics = instruments.step(batch["keys"], fields, batch["stats"], real, sessions=True, step=0)
+        metrics = instruments.step(batch["keys"], batch["uids"], fields, batch["stats"], real, sessions=True, step=0)
         times.append(time.perf_counter() - start)
     ms = [t * 1e3 for t in times[1:]]
     out = {"rollouts": len(batch["keys"]), "response_tokens": batch["tokens"], "threads": torch.get_num_threads(),

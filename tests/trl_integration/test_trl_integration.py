@@ -23,9 +23,8 @@ from gapo.exploration import (  # noqa: E402
     CoverageWindow,
     ExplorationConfig,
     add_sums,
-    coverage_step,
-    entrance_sums,
     exploration_metrics,
+    rollout_sums,
 )
 from gapo.groups import group_metrics, group_statistics  # noqa: E402
 from gapo.integrations.trl import (  # noqa: E402
@@ -399,9 +398,8 @@ def expected_generation(rows, m, newline_ids, threshold=0.05, success_threshold=
     success = [reward is not None and reward > success_threshold for _, _, reward, _ in rows]
     moves = [first_move(completion, m, newline_ids) for _, completion, _, _ in rows]
     include = [True] * len(rows)
-    sums = entrance_sums(prompts, moves, success, include)
-    coverage, seen, above = coverage_step(prompts, prompts, success, include, threshold)
-    return add_sums(sums, coverage), seen, above, prompts, success, [adv > 0 for *_, adv in rows]
+    sums, seen, above = rollout_sums(prompts, prompts, moves, success, include, threshold)
+    return sums, seen, above, prompts, success, [adv > 0 for *_, adv in rows]
 
 
 def expected_group_metrics(generations, clips, schedule="linear"):
