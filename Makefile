@@ -21,7 +21,8 @@
 #                  instruments' driver-side ms per step at the paper's scale; math reward vs verl's scorers; sandbox overhead; code-reward parsing per KB and a hostile batch; peak memory preparing LCB
 #                  rows of 60 MB tests)
 #   make bench-rollout  HF vs vLLM rollout on the same CPU smoke run (wall, step, gen, weight sync, peak memory)
-#   make table     print GAPO's threshold table for K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE
+#   make table     print GAPO's threshold table; K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE, each left unset, are the training
+#                  config's (configs/base/gapo.yaml, GAPOConfig), as its first line shows
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
 #   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
 #   make plot-run RUN_DIRS="runs/a runs/b" CURVES=x.png   training curves from the runs' metrics files (file logger
@@ -55,10 +56,11 @@ ROLLOUT ?= hf
 RANKS ?= 1
 NODES ?= 1
 SMOKE_DIR ?= runs/smoke$(if $(filter vllm,$(ROLLOUT)),-vllm)$(if $(filter-out 1,$(RANKS)),-r$(RANKS))$(if $(filter-out 1,$(NODES)),-n$(NODES))
-K ?= 8
-EPS_LOW ?= 0.2
-EPS_HIGH_MAX ?= 0.28
-SCHEDULE ?= linear
+# make table: each one left unset is the training config's default (python -m gapo.threshold reads it)
+K ?=
+EPS_LOW ?=
+EPS_HIGH_MAX ?=
+SCHEDULE ?=
 MODEL ?= runs/smoke/checkpoints
 BENCH ?= aime24 aime25 amc23 math500 minerva olympiadbench
 N ?= 16
@@ -202,7 +204,7 @@ bench-rollout: install install-vllm
 	$(PY) -m recipe.bench.rollout
 
 table: install
-	$(PY) -m gapo.threshold --group-size $(K) --eps-low $(EPS_LOW) --eps-high-max $(EPS_HIGH_MAX) --schedule $(SCHEDULE)
+	$(PY) -m gapo.threshold $(if $(K),--group-size $(K)) $(if $(EPS_LOW),--eps-low $(EPS_LOW)) $(if $(EPS_HIGH_MAX),--eps-high-max $(EPS_HIGH_MAX)) $(if $(SCHEDULE),--schedule $(SCHEDULE))
 
 eval: install
 	$(PY) -m eval --model $(MODEL) --bench $(BENCH) --n $(N) $(if $(EVAL_OUT),--out $(EVAL_OUT)) $(EVAL_ARGS)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from gapo.threshold import SCHEDULES, validate_clip_range
+
+# The trainer's base config (a clone's configs/, beside this package: the project installs editable only). It holds the
+# defaults that are verl's fields, not GAPOConfig's: eps_low (actor.clip_ratio_low), eps_high_max and k (rollout.n).
+BASE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "base" / "gapo.yaml"
 
 
 @dataclass
@@ -69,3 +74,21 @@ class GAPOConfig:
             raise ValueError("set actor_rollout_ref.actor.policy_loss.eps_high_max (or actor.clip_ratio_high) for GAPO")
         validate_clip_range(clip_ratio_low, eps_high_max, self.schedule)
         return clip_ratio_low, eps_high_max
+
+
+def training_defaults(base_config: Path | None = None) -> dict:
+    """The default training run's k, eps_low, eps_high_max and schedule, read where they are set (no copy here):
+    `actor_rollout_ref.rollout.n`, `.actor.clip_ratio_low` and `.actor.policy_loss.eps_high_max` from the base config
+    (configs/base/gapo.yaml), the schedule from GAPOConfig. Keys as `python -m gapo.threshold`'s: group_size, eps_low,
+    eps_high_max, schedule. Raises OSError (no such file) or ValueError (a key missing from it)."""
+    import yaml
+
+    base_config = Path(base_config or BASE_CONFIG)
+    config = yaml.safe_load(base_config.read_text())
+    try:
+        ref = config["actor_rollout_ref"]
+        return {"group_size": int(ref["rollout"]["n"]), "eps_low": float(ref["actor"]["clip_ratio_low"]),
+                "eps_high_max": float(ref["actor"]["policy_loss"]["eps_high_max"]), "schedule": GAPOConfig().schedule}
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{base_config} lacks actor_rollout_ref.rollout.n, .actor.clip_ratio_low or "
+                         f".actor.policy_loss.eps_high_max ({err!r})") from None

@@ -18,7 +18,10 @@ of c to [1, k] keeps all-wrong groups (c = 0, A = 0 anyway) from overshooting ep
 size 1 has no (k - 1) to divide by; it gets eps_high_max (its only rollout is a "rare" success).
 
 Usage:
-    python -m gapo.threshold --group-size 8 --eps-low 0.2 --eps-high-max 0.28 [--schedule linear]
+    python -m gapo.threshold [--group-size 8] [--eps-low 0.003] [--eps-high-max 0.005] [--schedule linear]
+
+Each value left out is the training config's default (`gapo.config.training_defaults`: k, eps_low and eps_high_max from
+configs/base/gapo.yaml, the schedule from GAPOConfig).
 """
 
 from __future__ import annotations
@@ -144,15 +147,28 @@ def threshold_table(group_size: int, eps_low: float, eps_high_max: float, schedu
 
 
 def main(argv: list[str] | None = None) -> None:
-    """CLI entry (``python -m gapo.threshold``): print the table of eps_high(c) for c = 1..k, one row per c."""
+    """CLI entry (``python -m gapo.threshold``): print the table of eps_high(c) for c = 1..k, one row per c. Values
+    left out are the training config's defaults (`gapo.config.training_defaults`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m gapo.threshold", description="Print GAPO's upper clip per group success count c."
+        prog="python -m gapo.threshold", description="Print GAPO's upper clip per group success count c; values "
+        "left out are the training config's defaults (configs/base/gapo.yaml, GAPOConfig)."
     )
-    parser.add_argument("--group-size", "-k", type=int, required=True, help="rollouts per prompt (rollout.n)")
-    parser.add_argument("--eps-low", type=float, required=True, help="lower clip (actor.clip_ratio_low)")
-    parser.add_argument("--eps-high-max", type=float, required=True, help="upper clip at c = 1")
-    parser.add_argument("--schedule", default="linear", choices=SCHEDULES)
+    parser.add_argument("--group-size", "-k", type=int, help="rollouts per prompt (rollout.n; default: the config's)")
+    parser.add_argument("--eps-low", type=float, help="lower clip (actor.clip_ratio_low; default: the config's)")
+    parser.add_argument("--eps-high-max", type=float, help="upper clip at c = 1 (policy_loss.eps_high_max; default: "
+                        "the config's)")
+    parser.add_argument("--schedule", choices=SCHEDULES, help="default: the config's (GAPOConfig.schedule)")
     args = parser.parse_args(argv)
+    if None in (args.group_size, args.eps_low, args.eps_high_max, args.schedule):
+        from gapo.config import training_defaults  # gapo.config imports this module
+
+        try:
+            defaults = training_defaults()
+        except (OSError, ValueError) as err:
+            parser.error(f"{err}; pass --group-size, --eps-low, --eps-high-max and --schedule")
+        for name, value in defaults.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
     if args.group_size < 2:
         parser.error(f"--group-size must be >= 2 (a group needs a success and a failure), got {args.group_size}")
     try:

@@ -102,3 +102,67 @@ def test_cli_prints_the_table_and_rejects_bad_values():
     assert bad.returncode == 2 and "eps_high_max (0.28) must be >= eps_low (0.3)" in bad.stderr
     one = run("--group-size", "1", "--eps-low", "0.2", "--eps-high-max", "0.28")
     assert one.returncode == 2 and "--group-size must be >= 2" in one.stderr
+
+
+def test_cli_defaults_are_the_training_configs_own():
+    """`python -m gapo.threshold` with no flags prints the default training run's k, eps_low and eps_high_max (the
+    composed trainer config, i.e. configs/base/gapo.yaml) and GAPOConfig's schedule: no second copy of the numbers."""
+    from gapo.config import GAPOConfig
+    from tests.test_config_and_plugin import compose_cfg
+
+    ref = compose_cfg().actor_rollout_ref
+    out = subprocess.run([sys.executable, "-m", "gapo.threshold"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == (
+        f"GAPO thresholds: k={ref.rollout.n} eps_low={ref.actor.clip_ratio_low:g} "
+        f"eps_high_max={ref.actor.policy_loss.eps_high_max:g} schedule={GAPOConfig().schedule}")
+    rows = [line.split() for line in out.stdout.splitlines()[2:]]
+    assert len(rows) == ref.rollout.n
+    assert float(rows[0][2]) == pytest.approx(ref.actor.policy_loss.eps_high_max)
+    assert float(rows[-1][2]) == pytest.approx(ref.actor.clip_ratio_low)
+
+
+def test_cli_reads_its_defaults_from_the_base_config_file(tmp_path, monkeypatch, capsys):
+    """The defaults follow the file (a changed base config changes them), each flag replaces only its own value, and
+    without the file the error names the flags to pass."""
+    import gapo.config
+    from gapo.threshold import main
+
+    base = tmp_path / "gapo.yaml"
+    base.write_text("actor_rollout_ref:\n  rollout:\n    n: 4\n  actor:\n    clip_ratio_low: 0.01\n"
+                    "    policy_loss:\n      eps_high_max: 0.04\n      schedule: linear\n")
+    monkeypatch.setattr(gapo.config, "BASE_CONFIG", base)
+    main([])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "GAPO thresholds: k=4 eps_low=0.01 eps_high_max=0.04 schedule=linear" and len(lines) == 6
+    main(["--eps-high-max", "0.07", "--schedule", "exp"])
+    assert capsys.readouterr().out.splitlines()[0] == "GAPO thresholds: k=4 eps_low=0.01 eps_high_max=0.07 schedule=exp"
+    monkeypatch.setattr(gapo.config, "BASE_CONFIG", tmp_path / "absent.yaml")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--group-size", "8"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "absent.yaml" in err and "pass --group-size, --eps-low, --eps-high-max and --schedule" in err
+    main(["-k", "2", "--eps-low", "0.2", "--eps-high-max", "0.28", "--schedule", "linear"])  # every flag: no file read
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == "GAPO thresholds: k=2 eps_low=0.2 eps_high_max=0.28 schedule=linear"
+
+
+def test_make_table_passes_only_the_values_the_user_set():
+    """`make table` hard-codes no clip: unset variables pass no flag (the CLI's defaults are the config's)."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("K", "EPS_LOW", "EPS_HIGH_MAX", "SCHEDULE")}
+
+    def dry(*assignments):
+        out = subprocess.run(["make", "-n", "table", "PY=python", *assignments], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (line,) = [line for line in out.stdout.splitlines() if "-m gapo.threshold" in line]
+        return line.split()
+
+    assert dry() == ["python", "-m", "gapo.threshold"]
+    assert dry("EPS_LOW=0.01", "K=4") == ["python", "-m", "gapo.threshold", "--group-size", "4", "--eps-low", "0.01"]
+    assert dry("EPS_HIGH_MAX=0.3", "SCHEDULE=exp")[3:] == ["--eps-high-max", "0.3", "--schedule", "exp"]
