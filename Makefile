@@ -9,7 +9,9 @@
 #   make test-fast the suite without the slow end-to-end runs
 #   make smoke     train a tiny model with GAPO on CPU through verl's trainer, then resume from its checkpoint;
 #                  ROLLOUT=vllm with verl's real vLLM rollout (vLLM's CPU build, in .venv-vllm); RANKS=2: 2 FSDP ranks
-#                  (gloo); NODES=2: a local 2-node Ray cluster, the runs submitted with launch/submit.sh (docs/cluster.md)
+#                  (gloo); NODES=2: a local 2-node Ray cluster, the runs submitted with launch/submit.sh (docs/cluster.md);
+#                  SMOKE_ARGS: hydra overrides for both runs (the first and the resume) and recipe.smoke's options, e.g.
+#                  SMOKE_ARGS="actor_rollout_ref.actor.policy_loss.schedule=exp --steps 3"
 #   make smoke-trl train the tiny model with GAPO through Hugging Face TRL's GRPOTrainer on CPU, in .venv-trl (seconds;
 #                  LEVEL=token for the token-level surrogate; docs/trl.md)
 #   make gpu-check on a GPU node, after make install-gpu: a few GAPO and GSPO steps on one GPU with vLLM; prints the
@@ -56,6 +58,9 @@ ROLLOUT ?= hf
 RANKS ?= 1
 NODES ?= 1
 SMOKE_DIR ?= runs/smoke$(if $(filter vllm,$(ROLLOUT)),-vllm)$(if $(filter-out 1,$(RANKS)),-r$(RANKS))$(if $(filter-out 1,$(NODES)),-n$(NODES))
+# make smoke: hydra overrides for both training runs and recipe.smoke's options, e.g.
+# SMOKE_ARGS="actor_rollout_ref.actor.policy_loss.schedule=exp --steps 3" (python -m recipe.smoke -h)
+SMOKE_ARGS ?=
 # make table: each one left unset is the training config's default (python -m gapo.threshold reads it)
 K ?=
 EPS_LOW ?=
@@ -185,7 +190,7 @@ gpu-check:
 # ROLLOUT=vllm: verl's real vLLM rollout, in the vLLM CPU environment (make install-vllm; its own SMOKE_DIR);
 # RANKS=R FSDP ranks per node, NODES=N nodes of a local Ray cluster (each shape its own SMOKE_DIR)
 smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
-	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.smoke --out $(SMOKE_DIR) --rollout $(ROLLOUT) --ranks $(RANKS) --nodes $(NODES)
+	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.smoke --out $(SMOKE_DIR) --rollout $(ROLLOUT) --ranks $(RANKS) --nodes $(NODES) $(SMOKE_ARGS)
 
 # GAPO with TRL's GRPOTrainer (gapo.integrations.trl) on the smoke task: a few steps, seconds on CPU
 smoke-trl: install-trl

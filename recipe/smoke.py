@@ -2,6 +2,13 @@
 
     python -m recipe.smoke [--out runs/smoke] [--steps 2] [--resume-steps 1] [--rollout hf|vllm]   (or `make smoke`)
                            [--ranks R] [--nodes N]                (make smoke RANKS=2, make smoke NODES=2)
+                           [KEY=VALUE ...]                        (make smoke SMOKE_ARGS="KEY=VALUE ... --steps 3")
+
+KEY=VALUE: hydra overrides of the smoke_cpu preset, given to both training runs (the first and the resume; with
+`--nodes N` through launch/submit.sh), after the smoke's own, e.g. `actor_rollout_ref.actor.policy_loss.schedule=exp`;
+options and overrides may come in any order. The keys the smoke run sets itself are refused, naming the option that
+sets them (OWN_KEYS: steps, shape, rollout engine, checkpoint folder); a misspelt key fails the first run within
+seconds with hydra's message.
 
 1. builds the tiny model/tokenizer and the synthetic task's parquet files under OUT (offline, cached);
 2. trains `--steps` steps with `python -m recipe.main_gapo --config-name smoke_cpu` (Ray, FSDP2 actor, HF
@@ -60,6 +67,17 @@ MAX_ROLLOUT_PROBS_DIFF = 1e-5
 # logged by every step of every run (a step with no success has no entropy_success: the smoke task's groups are mixed)
 EXPLORATION_REQUIRED = (ENTROPY_SUCCESS, ENTROPY_FAILURE, ENTRANCE_DISTINCT, COVERAGE_FRAC, COVERAGE_WINDOW)
 RUN_TIMEOUT_S = 900  # per training run (one run of 2-3 steps takes 1-2 min on 2 cores; vLLM's start adds ~40 s)
+# Config keys the smoke run sets itself on every run's command line (or whose value its checks depend on), and the
+# option that sets them instead of a hydra override
+OWN_KEYS = {
+    "trainer.total_training_steps": "--steps (first run) and --resume-steps (the resume)",
+    "trainer.nnodes": "--nodes (make smoke NODES=N)",
+    "trainer.n_gpus_per_node": "--ranks (make smoke RANKS=R)",
+    "ray_kwargs.ray_init.num_gpus": "--ranks (make smoke RANKS=R)",
+    "ray_kwargs.ray_init._temp_dir": "nothing: each run gets its own Ray temp dir",
+    "platform": "--rollout (make smoke ROLLOUT=vllm)",
+    "trainer.default_local_dir": "--out (checkpoints go to OUT/checkpoints; make smoke SMOKE_DIR=...)",
+}
 
 
 class SmokeCheckError(RuntimeError):
@@ -73,6 +91,25 @@ def prepare(out: Path) -> None:
 
     build_tiny_model(out / "model")
     make_dataset(out / "data")
+
+
+def override_key(override: str) -> str:
+    """The config key of a hydra override: `a.b=1`, `+a.b=1`, `++a.b=1`, `~a.b` -> `a.b`."""
+    return override.split("=", 1)[0].lstrip("+~").strip()
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Raise SmokeCheckError for an override of a key the smoke run sets itself (OWN_KEYS), naming the option to use,
+    or for one that is not KEY=VALUE (nor ~KEY)."""
+    problems = []
+    for override in overrides:
+        key = override_key(override)
+        if not key or ("=" not in override and not override.startswith("~")):
+            problems.append(f"{override!r} is not a hydra override (KEY=VALUE, +KEY=VALUE or ~KEY)")
+        elif key in OWN_KEYS:
+            problems.append(f"{override!r}: the smoke run sets {key} itself; use {OWN_KEYS[key]}")
+    if problems:
+        raise SmokeCheckError("overrides refused:\n- " + "\n- ".join(problems))
 
 
 def shape_overrides(ranks: int = 1, nodes: int = 1) -> list[str]:
@@ -243,6 +280,7 @@ def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[
     path, "runs": [per-run wall time and peak memory], "world_size": nodes * ranks}. Raises SmokeCheckError."""
     if rollout not in ROLLOUT_OVERRIDES:
         raise SmokeCheckError(f"unknown rollout {rollout!r}: expected one of {sorted(ROLLOUT_OVERRIDES)}")
+    check_overrides(overrides or [])
     out = out.resolve()
     overrides = [*ROLLOUT_OVERRIDES[rollout], *shape_overrides(ranks, nodes), *(overrides or [])]
     prepare(out)
@@ -288,8 +326,10 @@ def main(argv=None):
                              "launch/submit.sh (make smoke NODES=2)")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S,
                         help="hard wall-clock limit of each run in seconds (killed past it)")
-    parser.add_argument("overrides", nargs="*", help="hydra overrides for both runs, e.g. actor_rollout_ref.rollout.n=4")
-    args = parser.parse_args(argv)
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="hydra overrides of the smoke_cpu preset for both runs (the first and the resume), e.g. "
+                             "actor_rollout_ref.actor.policy_loss.schedule=exp; in any order with the options")
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     for stale in ("checkpoints", "logs"):  # a smoke run starts from scratch; its second run is the resume
         subprocess.run(["rm", "-rf", str(out / stale)], check=True)

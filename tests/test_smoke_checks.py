@@ -106,3 +106,101 @@ def test_logged_steps_reads_complete_lines_only(tmp_path):
     assert logged_steps(path) == []  # before the first step
     path.write_text('{"step": 1, "data": {}}\n{"step": 2, "data": {}}\n{"step": 3, "da')  # step 3 being written
     assert logged_steps(path) == [1, 2]
+
+
+class _RecordedRun:
+    """Stands in for gapo.supervisor.SupervisedRun: records each training command, runs nothing, exits 0."""
+
+    commands: list = []
+    marker_env, token = "GAPO_TEST_MARKER", "token"
+
+    def __init__(self, cmd, env, log_file, cwd=None, timeout_s=None):
+        from types import SimpleNamespace
+
+        self.commands.append(cmd)
+        self.proc = SimpleNamespace(pid=0)
+
+    def wait(self):
+        from gapo.supervisor import RunResult
+
+        return RunResult(0, 0.0, 0)
+
+
+class _FakeCluster:
+    """Stands in for gapo.local_cluster.LocalRayCluster (nothing starts)."""
+
+    address, dashboard_url, auth = "127.0.0.1:1", "http://127.0.0.1:1", {}
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def peak_memory(self):
+        import contextlib
+
+        return contextlib.nullcontext({})
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_cli_overrides_reach_both_training_runs_last(tmp_path, monkeypatch, nodes):
+    """`python -m recipe.smoke KEY=VALUE ... --steps 3` (make smoke SMOKE_ARGS=...): every override, in the order
+    given and after the smoke's own (hydra: the last value wins), is on the command line of the first run and of the
+    resume; with --nodes 2 on launch/submit.sh's. Options may follow overrides."""
+    import gapo.local_cluster
+    import recipe.smoke as smoke
+
+    monkeypatch.setattr(smoke, "SupervisedRun", _RecordedRun)
+    monkeypatch.setattr(smoke, "prepare", lambda out: None)
+    monkeypatch.setattr(gapo.local_cluster, "LocalRayCluster", _FakeCluster)
+    monkeypatch.setattr(_RecordedRun, "commands", [])
+    user = ["actor_rollout_ref.actor.policy_loss.schedule=exp", "+trainer.extra_knob=1"]
+    with pytest.raises(SystemExit) as exit_:  # nothing ran, so no metrics: the smoke says so after both runs
+        smoke.main(["--out", str(tmp_path), user[0], "--steps", "3", user[1], "--nodes", str(nodes)])
+    assert "no metrics file" in str(exit_.value)
+    first, resume = _RecordedRun.commands
+    assert (first[:2] == ["bash", str(ROOT / "launch" / "submit.sh")]) == (nodes > 1)
+    for cmd, total in ((first, 3), (resume, 4)):
+        own = [cmd.index(f"trainer.total_training_steps={total}"), cmd.index(f"trainer.nnodes={nodes}")]
+        positions = [cmd.index(override) for override in user]
+        assert positions == sorted(positions) and min(positions) > max(own), cmd
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.total_training_steps=3", "use --steps (first run) and --resume-steps"),
+        ("++trainer.n_gpus_per_node=2", "use --ranks"),
+        ("platform=cpu_vllm", "use --rollout"),
+        ("trainer.default_local_dir=/tmp/x", "use --out"),
+        ("actor_rollout_ref.rollout.n", "is not a hydra override"),
+    ],
+)
+def test_overrides_of_what_the_smoke_sets_are_refused_before_any_run(tmp_path, monkeypatch, override, message):
+    import recipe.smoke as smoke
+
+    monkeypatch.setattr(smoke, "SupervisedRun", _RecordedRun)
+    monkeypatch.setattr(_RecordedRun, "commands", [])
+    with pytest.raises(SystemExit) as exit_:
+        smoke.main(["--out", str(tmp_path), "actor_rollout_ref.rollout.n=4", override])
+    assert "overrides refused" in str(exit_.value) and message in str(exit_.value)
+    assert "rollout.n=4" not in str(exit_.value) and _RecordedRun.commands == []
+
+
+def test_make_smoke_passes_smoke_args_through():
+    """make smoke SMOKE_ARGS="..." ends recipe.smoke's command line with them (make -n)."""
+    import subprocess
+
+    def dry(*assignments):
+        out = subprocess.run(["make", "-n", "smoke", "PY=python", *assignments], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (line,) = [line for line in out.stdout.splitlines() if "-m recipe.smoke" in line]
+        return line.split()
+
+    assert dry()[-2:] == ["--nodes", "1"]
+    assert dry("SMOKE_ARGS=a.b=1 --steps 3")[-3:] == ["a.b=1", "--steps", "3"]
