@@ -13,7 +13,9 @@
 #                  SMOKE_ARGS: hydra overrides for both runs (the first and the resume) and recipe.smoke's options, e.g.
 #                  SMOKE_ARGS="actor_rollout_ref.actor.policy_loss.schedule=exp --steps 3"
 #   make smoke-trl train the tiny model with GAPO through Hugging Face TRL's GRPOTrainer on CPU, in .venv-trl (seconds;
-#                  LEVEL=token for the token-level surrogate; docs/trl.md)
+#                  LEVEL=token for the token-level surrogate; docs/trl.md); metrics in SMOKE_TRL_DIR/logs/metrics.jsonl
+#                  (make plot-run RUN_DIRS=runs/smoke-trl); SMOKE_TRL_ARGS: settings and options, e.g.
+#                  SMOKE_TRL_ARGS="gapo.schedule=exp learning_rate=0.02 --steps 4" (python -m recipe.trl_smoke -h)
 #   make gpu-check on a GPU node, after make install-gpu: a few GAPO and GSPO steps on one GPU with vLLM; prints the
 #                  step-time ratio, peak GPU memory and the rollout/actor log-prob gap (GPU_CHECK_ARGS e.g. "--model DIR")
 #   make install-trl   create .venv-trl: torch (CPU build), then this project with its trl extra (trl 1.16.0). Its own
@@ -80,6 +82,9 @@ PLOT ?= runs/eval/compare.png
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 LEVEL ?= sequence
+# make smoke-trl: its folder, and KEY=VALUE settings of its GAPOTRLConfig (gapo.<key>, exploration.<key>) and options
+SMOKE_TRL_DIR ?= runs/smoke-trl
+SMOKE_TRL_ARGS ?=
 
 .PHONY: smoke-trl test-trl install-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
 
@@ -194,7 +199,7 @@ smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
 
 # GAPO with TRL's GRPOTrainer (gapo.integrations.trl) on the smoke task: a few steps, seconds on CPU
 smoke-trl: install-trl
-	$(TRL_PY) -m recipe.trl_smoke --out runs/smoke-trl --level $(LEVEL)
+	$(TRL_PY) -m recipe.trl_smoke --out $(SMOKE_TRL_DIR) --level $(LEVEL) $(SMOKE_TRL_ARGS)
 
 bench: install
 	KINETO_LOG_LEVEL=5 $(PY) -m recipe.bench.loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05 --max-op-ratio-diag 1.3

@@ -8,7 +8,8 @@ RUN_DIR is one run, any of:
   ``{"step": N, "data": {...}}``; verl writes one when ``trainer.logger`` includes ``file``, to
   ``$VERL_FILE_LOGGER_PATH``, default ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``; ``make smoke``
   writes ``OUT/logs/run{1,2}.jsonl``). Other ``.jsonl`` files (verl's rollout dumps, eval samples) are ignored;
-- one such ``.jsonl`` file;
+- one such ``.jsonl`` file; a TRL run's, written by ``gapo.integrations.trl.MetricsFileCallback`` (``make smoke-trl``
+  writes ``OUT/logs/metrics.jsonl``), reads the same way, TRL's ``reward`` as the reward panel's;
 - a W&B run folder (``wandb/offline-run-*`` or ``wandb/run-*``: both keep the run's ``run-<id>.wandb`` log), its
   ``.wandb`` file, or a folder holding one run's folders (a ``wandb`` folder, or a folder with ``wandb/`` in it
   and no file-logger file). A Hugging Face Trainer's W&B run (TRL's GRPOTrainer with GAPO, docs/trl.md) logs
@@ -66,6 +67,12 @@ _PASSK = re.compile(r"^val-passk/(?P<source>.+)/pass@(?P<k>\d+)$")
 _COVERAGE = re.compile(r"^val-passk/(?P<source>.+)/coverage_frac@(?P<t>[^/]+)$")
 LOOKED_FOR = ("verl file-logger files (*.jsonl whose lines are {\"step\": N, \"data\": {...}}; written when "
               "trainer.logger includes 'file', path from VERL_FILE_LOGGER_PATH) and W&B run folders (run-*.wandb)")
+# what a MetricsNotFound message adds: how a run gets metrics this script reads
+HOW_TO_LOG = ("To get metrics: a verl run writes them when trainer.logger includes 'file' (to $VERL_FILE_LOGGER_PATH, "
+              "default $VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl; make smoke writes OUT/logs/run1.jsonl and "
+              "run2.jsonl) or 'wandb' (WANDB_MODE=offline needs no account: wandb/offline-run-* folders); make "
+              "smoke-trl writes OUT/logs/metrics.jsonl (OUT: runs/smoke-trl); a TRL run of your own: "
+              "callbacks=[gapo.integrations.trl.MetricsFileCallback(path)], or report_to=['wandb']")
 RUN_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P")]
 
 
@@ -243,6 +250,16 @@ def hf_trainer_steps(steps: dict[int, dict[str, float]]) -> dict[int, dict[str, 
     return out
 
 
+def with_trl_names(steps: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """A file-logger run's TRL metrics under the names drawn (HF_ALIASES: TRL's ``reward`` as REWARD_KEY), where the
+    verl name is absent (a TRL run's file from ``gapo.integrations.trl.MetricsFileCallback``); ``steps`` is changed."""
+    for values in steps.values():
+        for alias, name in HF_ALIASES.items():
+            if alias in values and name not in values:
+                values[name] = values.pop(alias)
+    return steps
+
+
 def _wandb_file_of(run_dir: Path) -> Path | None:
     files = sorted(run_dir.glob("run-*.wandb"))
     return files[0] if files else None
@@ -285,7 +302,7 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     path = Path(path)
     notes: list[str] = []
     if not path.exists():
-        raise MetricsNotFound(f"{path}: no such file or folder (looked for {LOOKED_FOR})")
+        raise MetricsNotFound(f"{path}: no such file or folder (looked for {LOOKED_FOR}). {HOW_TO_LOG}")
     wandb_dirs: list[Path] = []
     logger_files: list[Path] = []
     if path.is_file():
@@ -308,11 +325,11 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
             wandb_dirs = []
         if not logger_files and not wandb_dirs:
             other = f"; {len(candidates)} other .jsonl file(s) there are not in that format" if candidates else ""
-            raise MetricsNotFound(f"{path}: no metrics found (looked for {LOOKED_FOR}{other})")
+            raise MetricsNotFound(f"{path}: no metrics found (looked for {LOOKED_FOR}{other}). {HOW_TO_LOG}")
 
     if logger_files:
         ordered = _by_mtime(logger_files)
-        parts = [(f, read_file_logger(f, notes)) for f in ordered]
+        parts = [(f, with_trl_names(read_file_logger(f, notes))) for f in ordered]
         steps = _merge(parts, notes)
         if len(parts) > 1:
             notes.insert(0, f"{len(parts)} files merged by step, in order of modification time (later wins): "
@@ -337,7 +354,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
         name = runs[-1][2].get("name") or runs[-1][0].parent.name
         kind, files = "W&B", [f for f, _s, _i in runs]
     if not steps:
-        raise MetricsNotFound(f"{path}: {', '.join(map(str, files))} logged no step (looked for {LOOKED_FOR})")
+        raise MetricsNotFound(f"{path}: {', '.join(map(str, files))} logged no step (looked for {LOOKED_FOR}). "
+                              f"{HOW_TO_LOG}")
     return Run(label=label or name, path=path, kind=kind, files=files, steps=steps, notes=notes)
 
 

@@ -226,6 +226,32 @@ def test_bad_paths_say_what_was_looked_for(tmp_path):
         load_run(broken)
 
 
+def test_a_folder_without_metrics_says_how_to_get_some(tmp_path):
+    """What each producer needs to write metrics plot-run reads: verl's file logger or W&B (offline), make smoke-trl's
+    file, a TRL run's callback; the same advice for a missing folder."""
+    advice = ("trainer.logger includes 'file'", "VERL_FILE_LOGGER_PATH", "'wandb'", "WANDB_MODE=offline",
+              "make smoke-trl writes OUT/logs/metrics.jsonl", "gapo.integrations.trl.MetricsFileCallback")
+    empty = tmp_path / "smoke-trl"
+    (empty / "trainer").mkdir(parents=True)  # what make smoke-trl left before it kept metrics
+    for path, what in ((empty, "no metrics found"), (tmp_path / "absent", "no such file or folder")):
+        with pytest.raises(SystemExit) as exc:
+            main([str(path), "--out", str(tmp_path / "f.png")])
+        message = str(exc.value.code)
+        assert what in message and all(needed in message for needed in advice), message
+
+
+def test_a_trl_runs_file_draws_its_reward(tmp_path):
+    """A TRL run's file (gapo.integrations.trl.MetricsFileCallback: TRL's names) draws TRL's `reward` in the reward
+    panel, as its W&B run does; a verl run's own critic/score/mean is never replaced."""
+    trl = write_log(tmp_path / "trl" / "logs" / "metrics.jsonl", [
+        (1, {**step_metrics({2: 0.5}), "reward": 0.25, "reward_std": 0.1}),
+        (2, step_metrics({2: 0.0})),
+    ])
+    verl = write_log(tmp_path / "verl" / "m.jsonl", [(1, {**step_metrics({1: 0.5}, reward=0.75), "reward": 0.1})])
+    result = plot_runs([trl.parent.parent, verl], tmp_path / "f.png", labels=["trl", "verl"], echo=lambda *_: None)
+    assert lines_of(result, "reward") == {("trl", ""): {1: 0.25}, ("verl", ""): {1: 0.75}}
+
+
 # ------------------------------------------------------------------ W&B run logs
 @pytest.fixture
 def wandb_service():

@@ -1,4 +1,5 @@
-"""GAPO as a Hugging Face TRL `GRPOTrainer` loss (trl==1.16.0): `GAPOGRPOTrainer` and `GAPOTRLConfig`.
+"""GAPO as a Hugging Face TRL `GRPOTrainer` loss (trl==1.16.0): `GAPOGRPOTrainer` and `GAPOTRLConfig`; and
+`MetricsFileCallback`, which keeps a run's logs where `recipe.plot_run` reads them.
 
     from gapo import GAPOConfig
     from gapo.integrations.trl import GAPOGRPOTrainer, GAPOTRLConfig
@@ -43,8 +44,10 @@ import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from gapo.clip_diagnostics import diagnostic_sums, is_adv_points, metrics_from_sums, named_sums
@@ -523,3 +526,29 @@ class GAPOGRPOTrainer(GRPOTrainer):
         prefix = "eval_" if mode == "eval" else ""  # TRL's convention for evaluation metrics
         logs.update({f"{prefix}{name}": value for name, value in metrics.items()})
         super().log(logs, start_time)
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Writes every log of the trainer (TRL's metrics and GAPO's `gapo/*`) to `path` in verl's file-logger format, one
+    line `{"step": <optimizer step>, "data": {metric: value}}` per log, so that `recipe.plot_run` reads a TRL run as it
+    reads a verl run (`python -m recipe.plot_run <path or its folder>`). Numbers only, NaN and inf written as null
+    (as verl's writer does); the main process only. The file is started afresh at this callback's first log and
+    appended to after it (a later `evaluate()` adds its `eval_*` lines).
+
+        trainer = GAPOGRPOTrainer(..., callbacks=[MetricsFileCallback("runs/my-run/logs/metrics.jsonl")])
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._started = False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """Append `logs` at `state.global_step` (TrainerCallback's hook, called at every log of every process)."""
+        if not state.is_world_process_zero or not logs:
+            return
+        data = {key: value if math.isfinite(value) else None for key, value in logs.items()
+                if isinstance(value, int | float) and not isinstance(value, bool)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a" if self._started else "w") as fp:
+            fp.write(json.dumps({"step": state.global_step, "data": data}) + "\n")
+        self._started = True

@@ -563,14 +563,101 @@ def test_tiny_model_trains_with_trl_and_logs_gapo_metrics_to_wandb(tiny_model, t
 
 
 def test_trl_smoke_cli_trains_and_checks(tmp_path):
+    """The CLI (make smoke-trl SMOKE_TRL_ARGS=...): a KEY=VALUE setting reaches TRL (lr_scheduler_type=constant: the
+    logged learning rate stays 1e-2; TRL's default decays it), every logged step lands in OUT/logs/metrics.jsonl, which
+    the last line names and recipe.plot_run reads (the same steps and values as the printed table, TRL's reward in the
+    reward panel)."""
+    from recipe.plot_run import REWARD_KEY, load_run
+    from recipe.plot_run import main as plot_run
+
     out = subprocess.run([sys.executable, "-m", "recipe.trl_smoke", "--out", str(tmp_path), "--level", "token",
-                          "--steps", "4"], capture_output=True, text=True, cwd=REPO, timeout=600)
+                          "lr_scheduler_type=constant", "--steps", "4"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "OK: GAPO trained 4 steps with TRL's GRPOTrainer at token level" in out.stdout
+    metrics = tmp_path / "logs" / "metrics.jsonl"
+    assert out.stdout.splitlines()[-1] == (f"OK: GAPO trained 4 steps with TRL's GRPOTrainer at token level; metrics: "
+                                           f"{metrics} (make plot-run RUN_DIRS={tmp_path})")
     table = [line for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
     assert len(table) == 4 and any("c" in line and "=0." in line for line in table), out.stdout
     assert "H_succ" in out.stdout  # the exploration columns (summarize fails a step that logged none)
     assert table[0].split()[5] != "-" and table[0].split()[7] != "-"  # the generating step's entrance and window
+
+    run = load_run(tmp_path)
+    assert run.kind == "file logger" and run.files == [metrics] and sorted(run.steps) == [1, 2, 3, 4]
+    assert all(run.steps[step]["learning_rate"] == 1e-2 for step in run.steps)
+    for line in table:  # the file holds what the table printed
+        step, reward, eps_high, *_ = line.split()
+        m = run.steps[int(step)]
+        assert f"{m['gapo/loss_eps_high_mean']:.4f}" == eps_high
+        assert (f"{m[REWARD_KEY]:.3f}" if REWARD_KEY in m else "-") == reward
+        by_c = {f"c{k.rsplit('c', 1)[1]}={v:.2f}" for k, v in m.items() if k.startswith("gapo/clipfrac_pos/c")}
+        assert by_c == {cell for cell in line.split() if cell.startswith("c") and "=" in cell}
+    png = tmp_path / "curves.png"
+    plot_run([str(tmp_path), "--out", str(png)])
+    assert png.stat().st_size > 10_000
+
+
+def test_trl_smoke_settings_from_key_value_pairs(tmp_path):
+    """KEY=VALUE: TRL's fields typed by their defaults, gapo.<key> and exploration.<key> added to the smoke's own
+    settings (its eps_high_max and one-token first moves stay); refusals name the fix."""
+    from recipe.trl_smoke import SMOKE_EXPLORATION, parse_overrides
+
+    overrides = parse_overrides(["learning_rate=5e-3", "num_generations=8", "loss_type=bnpo", "run_name=7",
+                                 "use_cpu=true", "gapo.schedule=exp", "exploration.coverage_window=4",
+                                 "epsilon_high=null", "per_device_train_batch_size=16"])
+    assert overrides == {"learning_rate": 5e-3, "num_generations": 8, "loss_type": "bnpo", "run_name": "7",
+                         "use_cpu": True, "gapo": {"schedule": "exp"}, "exploration": {"coverage_window": 4},
+                         "epsilon_high": None, "per_device_train_batch_size": 16}
+    args = smoke_args(tmp_path, "sequence", **overrides)
+    assert (args.learning_rate, args.num_generations, args.loss_type, args.run_name) == (5e-3, 8, "bnpo", "7")
+    assert args.gapo == GAPOConfig(eps_high_max=SMOKE_CLIPS["sequence"][1], schedule="exp")
+    assert args.exploration == ExplorationConfig(**{**SMOKE_EXPLORATION, "coverage_window": 4})
+
+    for pairs, match in [
+        (["learnig_rate=0.1"], "learnig_rate is not a setting of the TRL smoke run.*did you mean learning_rate"),
+        (["gapo.shedule=exp"], "did you mean gapo.schedule"),
+        (["max_steps=3"], "max_steps is set by --steps"),
+        (["output_dir=/tmp/x"], "output_dir is set by --out"),
+        (["learning_rate=fast"], "learning_rate takes a number"),
+        (["use_cpu=1"], "use_cpu takes true or false"),
+        (["learning_rate"], "is not KEY=VALUE"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            parse_overrides(pairs)
+
+
+def test_trl_smoke_cli_refuses_bad_settings_before_it_trains(tmp_path):
+    for argv, message in [(["learnig_rate=0.1"], "did you mean learning_rate"),
+                          (["gapo.schedule=cosine"], "the settings do not make a run: GAPOTRLConfig.gapo: "
+                                                     "policy_loss.schedule='cosine' is not a GAPO schedule")]:
+        proc = subprocess.run([sys.executable, "-m", "recipe.trl_smoke", "--out", str(tmp_path), *argv],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "tiny").exists()  # nothing was built
+
+
+def test_metrics_file_callback_writes_verls_file_logger_format(tmp_path):
+    """One {"step", "data"} line per log: numbers only, NaN/inf as null; the first log starts the file afresh, later
+    ones append; other processes write nothing."""
+    from types import SimpleNamespace
+
+    from gapo.integrations.trl import MetricsFileCallback
+    from recipe.plot_run import is_file_logger_file, read_file_logger
+
+    path = tmp_path / "logs" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text("stale\n")
+    callback = MetricsFileCallback(path)
+    main, other = SimpleNamespace(is_world_process_zero=True, global_step=1), SimpleNamespace(is_world_process_zero=0)
+    callback.on_log(None, main, None, logs={"loss": 0.5, "gapo/clipfrac_pos/c1": float("nan"), "note": "text",
+                                            "flag": True, "grad_norm": float("inf")})
+    callback.on_log(None, other, None, logs={"loss": 9.0})
+    main.global_step = 2
+    callback.on_log(None, main, None, logs={"loss": 0.25, "reward": 0.75})
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [{"step": 1, "data": {"loss": 0.5, "gapo/clipfrac_pos/c1": None, "grad_norm": None}},
+                    {"step": 2, "data": {"loss": 0.25, "reward": 0.75}}]
+    assert is_file_logger_file(path) and read_file_logger(path) == {1: {"loss": 0.5}, 2: {"loss": 0.25, "reward": 0.75}}
 
 
 def test_summary_fails_a_run_whose_clip_never_bound_or_that_logged_no_diagnostics():
