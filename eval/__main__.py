@@ -7,8 +7,10 @@
     python -m eval report RUN [RUN ...] [--out FILE.md]   rebuild a run's reports from its records; compare runs
     python -m eval plot RUN [RUN ...] --out FILE.png [--labels A B ...]   pass@k curves of runs side by side
 
-MODEL: an HF model directory or hub id, or a verl checkpoint (``global_step_N``, its ``actor/``, or the
-checkpoint root: latest step), converted once with verl's model merger into ``--cache-dir``.
+MODEL: an HF model directory, or a verl checkpoint (``global_step_N``, its ``actor/``, or the checkpoint root:
+latest step), converted once with verl's model merger into ``--cache-dir``; or a hub id ``org/name``, tried only when
+no such path exists and ``org`` is no local folder (:func:`eval.checkpoint.is_hub_id`): any other missing path stops
+at once with one line naming it and the folders and checkpoints near it.
 Benchmarks: parquet paths, or names under ``$GAPO_DATA_DIR`` (``math/``, ``code/``), as written by
 ``python -m gapo.data.prepare_math``. Scored by the training reward (``gapo.rewards.compute_score_batch``).
 
@@ -41,6 +43,7 @@ import os
 import sys
 from pathlib import Path
 
+from eval.checkpoint import checkpoint_folders, is_hub_id, missing_path_message
 from gapo.entrance import DEFAULT_ENTRANCE_TOKENS  # pure python, as this process may only supervise
 
 SUBCOMMANDS = ("report", "plot", "aggregate")
@@ -96,7 +99,7 @@ def checkpoint_steps(run_dir: str | Path) -> dict[int, Path]:
     """``{N: run_dir/global_step_N}`` for the checkpoints present."""
     root = Path(run_dir)
     if not root.is_dir():
-        raise FileNotFoundError(f"--run-dir {run_dir}: no such directory")
+        raise FileNotFoundError(f"--run-dir: {missing_path_message(str(run_dir), hub=False)}")
     found = {}
     for child in root.iterdir():
         suffix = child.name[len(STEP_PREFIX):]
@@ -119,7 +122,9 @@ def select_checkpoints(run_dir: str | Path, spec: str) -> list[tuple[int, Path]]
     chosen = [(s, path) for s, path in available.items()
               if start <= s <= end and (stride is None or (s - start) % stride == 0)]
     if not chosen:
-        raise FileNotFoundError(f"--run-dir {run_dir} has no checkpoint in --steps {spec}; it has: {listing}")
+        below = "" if available else checkpoint_folders(Path(run_dir))
+        raise FileNotFoundError(f"--run-dir {run_dir} has no checkpoint in --steps {spec}; it has: {listing}"
+                                + (f"; verl checkpoint folders under it: {below}" if below else ""))
     return chosen
 
 
@@ -148,7 +153,9 @@ def eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eval", description=__doc__.splitlines()[0],
                                 epilog="subcommands: `python -m eval report -h`, `python -m eval plot -h`")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="HF dir / hub id, or verl checkpoint (global_step_N[/actor])")
+    what.add_argument("--model", help="HF dir, verl checkpoint (global_step_N[/actor], or a run's checkpoint folder: "
+                                       "its latest step), or hub id org/name (when no such path exists and org/ "
+                                       "is no local folder)")
     what.add_argument("--run-dir", default=None,
                       help="a training run's checkpoint folder (holding global_step_N/): evaluate the checkpoints "
                            "--steps selects and aggregate over them")
@@ -269,7 +276,8 @@ def run_supervised(cmd: list[str], timeout: float | None) -> int:
 
 def run_eval(argv) -> int:
     """`python -m eval --model/--run-dir ...`: evaluate, print the results table; the exit status."""
-    from eval.report import results_table
+    from eval.records import SAMPLES_FILE
+    from eval.report import PLOT_FILE, SUMMARY_FILE, TABLE_FILE, results_table
     from eval.runner import evaluate
 
     parser = eval_parser()
@@ -286,16 +294,21 @@ def run_eval(argv) -> int:
             sys.exit(f"error: {err}")
     if args.limit is not None and args.limit < 1:
         sys.exit("error: --limit must be >= 1")
+    if args.model is not None and not Path(args.model).expanduser().exists() and not is_hub_id(args.model):
+        sys.exit(f"error: --model: {missing_path_message(args.model)}")  # before any folder is made or model loaded
     if not os.environ.get(CHILD_ENV) and _needs_supervision(args):
         return run_supervised([sys.executable, "-m", "eval", *argv], args.timeout)
     if checkpoints is not None:
         return run_checkpoints(args, checkpoints)
-    cfg = _config(args, args.model, args.out or _default_out(args.model), args.label)
+    out = Path(args.out or _default_out(args.model))
+    cfg = _config(args, args.model, str(out), args.label)
     try:
         summary = evaluate(cfg, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as err:
         sys.exit(f"error: {err}")
     print(results_table(summary, title=summary["config"]["label"]))
+    print(f"[eval] this table: {out / TABLE_FILE}; plot: {out / PLOT_FILE}; every number: {out / SUMMARY_FILE}; "
+          f"samples: {out / SAMPLES_FILE}", flush=True)
     return 3 if summary.get("stopped") else 0
 
 
@@ -321,7 +334,8 @@ def run_checkpoints(args, checkpoints: list[tuple[int, Path]], evaluate_fn=None)
 
     evaluate_fn = evaluate_fn or evaluate
     run_dir = Path(args.run_dir)
-    name = args.label or run_dir.resolve().name
+    folder = run_dir.resolve()  # runs/smoke/checkpoints is named smoke
+    name = args.label or (folder.parent.name if folder.name == "checkpoints" else folder.name)
     out = Path(args.out or Path("runs/eval") / f"{name}_steps_{checkpoints[0][0]}-{checkpoints[-1][0]}")
     runs, stopped = [], False
     for step, path in checkpoints:

@@ -8,11 +8,15 @@ Accepted (detected in this order):
   ``latest_checkpointed_iteration.txt`` (its latest step). It is converted once with verl's model merger
   (``python -m verl.model_merger merge --backend fsdp``) into a cache directory keyed by the shards'
   path, size and mtime, so a second evaluation of the same checkpoint reuses the conversion;
-- anything else that is not an existing path: a hub id, passed through unchanged (GPU clusters).
+- a Hugging Face hub id, passed through unchanged (GPU clusters), only when the name is not an existing path and
+  has the form of one (:func:`is_hub_id`: ``org/name``, and ``org`` is no local folder). Anything else that does
+  not exist is a mistyped local path: :func:`missing_path_message` names it and what exists near it, within
+  milliseconds (a hub lookup of ``runs/nothere`` took five retries, about 50 s, then a long traceback).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -27,7 +31,10 @@ from pathlib import Path
 SHARD_GLOB = "model_world_size_*_rank_*.pt"
 TRACKER = "latest_checkpointed_iteration.txt"
 _STAMP = "gapo_eval_merged.json"
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+# org/name: one slash, each part a letter or digit then letters, digits, `_`, `-`, `.`
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", re.ASCII)
+_LISTED = 8  # names of a folder shown in a message
+_CKPT_DEPTH = 3  # levels below a folder searched for verl checkpoint folders
 
 
 def default_cache_dir() -> Path:
@@ -106,22 +113,92 @@ def merge_verl_checkpoint(actor: Path, target: Path) -> None:
         raise RuntimeError(f"model merger failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether ``--model name``, when no such path exists, is tried as a Hugging Face hub id.
+
+    Only a name of the hub's form, ``org/name`` (one slash; each part a letter or digit followed by letters,
+    digits, ``_``, ``-``, ``.``), that does not look local: it does not start with ``/``, ``./``, ``../`` or ``~``
+    (the form excludes them), has no second slash, names no ``global_step_``, and its first part is not an existing
+    local folder (with ``runs/`` present, ``runs/nothere`` is a missing local path, not a hub id). Relative paths are
+    against the current folder. ``gpt2``-style ids without an org are local paths here; name them ``org/name``
+    (``openai-community/gpt2``).
+    """
+    if not _HUB_ID.fullmatch(name) or "global_step_" in name:
+        return False
+    return not Path(name.split("/", 1)[0]).is_dir()
+
+
+def _dirs(folder: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    except OSError:
+        return []
+
+
+def checkpoint_folders(root: Path, limit: int = 5) -> str:
+    """The verl checkpoint folders within a few levels of ``root`` (a folder holding ``global_step_N/``), each with
+    its steps, e.g. ``runs/smoke/checkpoints (global_step_1..3)``; at most ``limit``; hidden folders skipped."""
+    found, level = [], [root]
+    for _ in range(_CKPT_DEPTH + 1):
+        below = []
+        for folder in level:
+            names = _dirs(folder)
+            steps = sorted(int(n[len("global_step_"):]) for n in names
+                           if n.startswith("global_step_") and n[len("global_step_"):].isdigit())
+            if steps:
+                span = f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
+                found.append(f"{folder} (global_step_{span})")
+            else:
+                below += [folder / n for n in names]
+        if len(found) >= limit or not below:
+            break
+        level = below[:500]
+    return ", ".join(found[:limit])
+
+
+def missing_path_message(name: str, hub: bool = True) -> str:
+    """One line for a local path that does not exist: the path, the deepest folder above it that exists with its
+    subfolders and the closest names to the missing part, the verl checkpoints found there, and (``hub``: for a
+    model) why it was not taken as a hub id."""
+    path = Path(name).expanduser()
+    parent = next((p for p in path.parents if p.is_dir()), Path("."))
+    shown = "./" if parent == Path(".") else f"{parent}/"
+    missing = path.parts[len(parent.parts)] if len(path.parts) > len(parent.parts) else path.name
+    names = _dirs(parent)
+    close = difflib.get_close_matches(missing, names, n=3, cutoff=0.5)
+    more = f", ... ({len(names)} folders)" if len(names) > _LISTED else ""
+    text = f"no such local folder: {name}; {shown} has: {', '.join(names[:_LISTED]) + more or 'no folders'}"
+    if close:
+        text += f" (closest: {', '.join(close)})"
+    found = checkpoint_folders(parent)
+    if found:
+        text += f"; verl checkpoints there: {found}"
+    first = name.split("/", 1)[0]
+    if hub and _HUB_ID.fullmatch(name) and Path(first).is_dir():
+        text += f" ({first}/ is a local folder, so this is not taken as a hub id org/name)"
+    elif hub and "global_step_" not in name:
+        text += " (a hub id has the form org/name)"
+    return text
+
+
 def resolve_model(model: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                   log=print) -> ResolvedModel:
     """An HF directory for ``model`` (see the module docstring); converts verl checkpoints, cached."""
     source = str(model)
     path = Path(model).expanduser()
     if not path.exists():
-        if not _HUB_ID.fullmatch(source) or "global_step_" in source:
-            raise FileNotFoundError(f"model path {source} does not exist (and it is not a hub id)")
+        if not is_hub_id(source):
+            raise FileNotFoundError(missing_path_message(source))
         return ResolvedModel(source, "hub", source)
     path = path.resolve()
     if is_hf_dir(path):
         return ResolvedModel(str(path), "hf", source)
     actor = find_actor_dir(path)
     if actor is None:
+        found = checkpoint_folders(Path(source).expanduser())
         raise ValueError(f"{source} is neither an HF model directory (config.json + weights) nor a verl "
-                         f"checkpoint (global_step_N/actor/{SHARD_GLOB}, or a folder with {TRACKER})")
+                         f"checkpoint (global_step_N/actor/{SHARD_GLOB}, or a folder with {TRACKER})"
+                         + (f"; verl checkpoints under it: {found}" if found else ""))
     check_mergeable(actor)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / cache_key(actor)

@@ -192,13 +192,13 @@ def evaluate(cfg: EvalConfig, overwrite: bool = False, backend_factory=None) -> 
 
     start = time.time()
     out = Path(cfg.out)
+    benches: list[Benchmark] = load_benchmarks(cfg.benchmarks, cfg.limit,
+                                               Path(cfg.data_dir) if cfg.data_dir else None)
+    resolved = resolve_model(cfg.model, cfg.cache_dir, log=_log)  # a wrong model leaves no output folder behind
     if overwrite and out.exists():
         for name in ("samples.jsonl", RUN_FILE, "summary.json", "results.md", "passk.png"):
             (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    benches: list[Benchmark] = load_benchmarks(cfg.benchmarks, cfg.limit,
-                                               Path(cfg.data_dir) if cfg.data_dir else None)
-    resolved = resolve_model(cfg.model, cfg.cache_dir, log=_log)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path)
     problems = [p for b in benches for p in b.problems]
     require_think = _decide_require_think(cfg.require_think, tokenizer, problems)

@@ -38,7 +38,7 @@ def test_timeout_ends_the_run_with_a_named_error_and_kills_it(tmp_path):
 
     marker = f"timeout-{os.getpid()}"
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "eval", "--model", str(tmp_path / "none"), "--bench", "x",
+    proc = subprocess.run([sys.executable, "-m", "eval", "--model", str(tmp_path), "--bench", "x",  # a folder, no model
                            "--backend", "hf", "--timeout", "0.5", "--out", str(tmp_path / "out")],
                           cwd=ROOT, env={**os.environ, "GAPO_EVAL_TEST_MARKER": marker}, capture_output=True,
                           text=True, timeout=120, check=False)
