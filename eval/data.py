@@ -15,6 +15,7 @@ from pathlib import Path
 from gapo.data.parquet_io import data_root
 
 SUBDIRS = ("math", "code")
+SMOKE_VAL = "runs/smoke/data/val.parquet"  # the validation prompts `make smoke` (recipe/smoke.py) writes
 
 
 def data_dir() -> Path:
@@ -66,8 +67,9 @@ def resolve_benchmark_path(spec: str, root: Path | None = None) -> Path:
     available = sorted({p.stem for p in root.glob("**/*.parquet")}) if root.is_dir() else []
     raise FileNotFoundError(
         f"no benchmark {spec!r}: looked for {', '.join(str(c) for c in candidates)} (GAPO_DATA_DIR={root}); "
-        f"available there: {available or 'none'}. Write the files with `python -m gapo.data.prepare_math`, "
-        "or pass a .parquet path")
+        f"available there: {', '.join(available) or 'none'}. Write the files with `python -m gapo.data.prepare_math` "
+        f"(or prepare_code), or pass a .parquet path, e.g. {SMOKE_VAL} after `make smoke` (`make eval-smoke` "
+        "evaluates the smoke run on it)")
 
 
 def load_benchmark(spec: str, limit: int | None = None, root: Path | None = None) -> Benchmark:
