@@ -28,6 +28,8 @@
 #   make table     print GAPO's threshold table; K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE, each left unset, are the training
 #                  config's (configs/base/gapo.yaml, GAPOConfig), as its first line shows
 #   make eval      pass@k of MODEL (HF dir or verl checkpoint) on BENCH; resumable; EVAL_ARGS e.g. --max-new-tokens 8
+#   make eval-smoke  after make smoke, no data needed: pass@k of the smoke run's latest checkpoint on its validation
+#                  prompts (8 new tokens, as trained): results.md, summary.json, passk.png in runs/eval/smoke
 #   make eval-compare RUNS="runs/eval/a runs/eval/b"   comparison tables and PLOT
 #   make plot-run RUN_DIRS="runs/a runs/b" CURVES=x.png   training curves from the runs' metrics files (file logger
 #                  or W&B run folders): per-c clip fraction and |ratio - 1|, reward, validation pass@k; PLOT_RUN_ARGS
@@ -86,7 +88,7 @@ LEVEL ?= sequence
 SMOKE_TRL_DIR ?= runs/smoke-trl
 SMOKE_TRL_ARGS ?=
 
-.PHONY: smoke-trl test-trl install-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-compare clean reproduce plot-run study study-vigor
+.PHONY: smoke-trl test-trl install-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-smoke eval-compare clean reproduce plot-run study study-vigor
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -218,6 +220,15 @@ table: install
 
 eval: install
 	$(PY) -m eval --model $(MODEL) --bench $(BENCH) --n $(N) $(if $(EVAL_OUT),--out $(EVAL_OUT)) $(EVAL_ARGS)
+
+# the smoke run in SMOKE_DIR (as make smoke wrote it; ROLLOUT/RANKS/NODES pick the same folder): its latest checkpoint
+# on its validation prompts at the training's 8 new tokens, into EVAL_SMOKE_OUT (default runs/eval/<smoke folder>)
+EVAL_SMOKE_OUT ?= runs/eval/$(notdir $(SMOKE_DIR))
+eval-smoke: install
+	@test -d $(SMOKE_DIR)/checkpoints -a -f $(SMOKE_DIR)/data/val.parquet || \
+	  { echo "error: no smoke run in $(SMOKE_DIR) (no checkpoints/ or data/val.parquet): run make smoke first"; exit 1; }
+	$(PY) -m eval --model $(SMOKE_DIR)/checkpoints --bench $(SMOKE_DIR)/data/val.parquet --n $(N) --max-new-tokens 8 \
+	  --out $(EVAL_SMOKE_OUT) $(EVAL_ARGS)
 
 eval-compare: install
 	$(PY) -m eval report $(RUNS)
