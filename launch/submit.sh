@@ -46,12 +46,6 @@ die() { echo "submit.sh: error: $*" >&2; exit 2; }
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 
-# Experiments are the primary configs: the yaml files under CONFIG_DIR that declare hydra's search path
-# (config groups such as base/, model/, platform/ do not).
-experiments() {
-    (cd "$CONFIG_DIR" && grep -rl --include='*.yaml' '^hydra:' . | sed 's|^\./||; s|\.yaml$||' | sort)
-}
-
 while [[ $# -gt 0 ]]; do
     case $1 in
         --no-wait) FOLLOW=0; shift ;;
@@ -65,9 +59,11 @@ done
 experiment=${1%.yaml}
 shift
 
-if [[ ! -f $CONFIG_DIR/$experiment.yaml ]] || ! grep -q '^hydra:' "$CONFIG_DIR/$experiment.yaml"; then
-    die "unknown experiment '$experiment' (no $CONFIG_DIR/$experiment.yaml). Available experiments:
-$(experiments | sed 's/^/  /')"
+# What an experiment is (a yaml file under CONFIG_DIR with a top-level hydra: key), and the message for an unknown one
+# (the closest names and the list), are python -m recipe.main_gapo's own: gapo/config_names.py, standard library only.
+if ! unknown=$(PYTHONPATH="$LAUNCH_DIR/..${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m gapo.config_names experiment \
+        "$CONFIG_DIR" "$experiment"); then
+    die "${unknown:-could not check the experiment name with $PYTHON (PYTHON: a python 3)}"
 fi
 [[ -n ${RAY_ADDRESS:-} ]] || die "RAY_ADDRESS is not set: export RAY_ADDRESS=http://<head>:8265 (the Ray dashboard \
 of a running cluster; launch/slurm_ray.sbatch starts one on Slurm)"
