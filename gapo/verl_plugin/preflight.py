@@ -9,8 +9,9 @@ started, and on a machine without the requested GPUs it could wait silently (obs
   this project's ``pkg://gapo.rewards``, every ``data_source`` in them has a scorer),
   :func:`check_model_path` (``actor_rollout_ref.model.path`` exists when it is a local path) and
   :func:`check_resume_world_size` (the checkpoint a resume would load was written at this run's world size:
-  verl 0.9.1 keeps one shard per rank and cannot reshard on load) and :func:`check_trl_conflict` (no trl that
-  verl 0.9.1's FSDP actor cannot build with);
+  verl 0.9.1 keeps one shard per rank and cannot reshard on load), :func:`check_trl_conflict` (no trl that
+  verl 0.9.1's FSDP actor cannot build with) and :func:`check_platform_env` (a CPU preset has its env vars; not
+  skippable);
 - in the task runner (a Ray actor, the process where verl builds its resource pools, so the platform's Ray
   resource name is the one verl will ask for), before verl's trainer starts: :func:`check_cluster_gpus`.
 
@@ -21,6 +22,8 @@ driver's machine does not see the files the Ray workers see.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 from collections import Counter
@@ -57,6 +60,11 @@ class PreflightError(RuntimeError):
 
     def __reduce__(self):  # pickled from the task runner to the driver: keep the list, not the joined text
         return type(self), (self.problems,)
+
+
+def skip_hint() -> str:
+    """How to skip checks, from CHECKS itself: what a failed preflight prints beside its problems."""
+    return f"{SKIP_ENV}={','.join(CHECKS)} (any of them, or all) skips checks"
 
 
 def skipped_checks(environ=None) -> set[str]:
@@ -249,7 +257,8 @@ def resume_folder(config: DictConfig) -> str | None:
         folder = trainer.get("default_local_dir")
         if not folder or _REMOTE.match(str(folder)):
             return None
-        return find_latest_ckpt_path(os.path.abspath(os.path.expanduser(str(folder))))
+        with contextlib.redirect_stdout(io.StringIO()):  # verl prints "Found checkpoint: %s <path>"; our note says it
+            return find_latest_ckpt_path(os.path.abspath(os.path.expanduser(str(folder))))
     if mode == "resume_path":
         path = trainer.get("resume_from_path")
         return None if not path or _REMOTE.match(str(path)) else os.path.abspath(os.path.expanduser(str(path)))
@@ -312,10 +321,33 @@ def check_resume_world_size(config: DictConfig) -> list[str]:
         "step count); or set trainer.resume_mode=disable to train from scratch"]
 
 
-def run_driver_checks(config: DictConfig) -> None:
-    """Data, model and resume checks in the driver (no Ray); raises PreflightError listing every problem."""
+# configs/platform/cpu.yaml (and cpu_vllm, which extends it) run only with these in the environment of the driver,
+# which its Ray workers inherit (recipe/smoke.py sets them)
+CPU_PLATFORM_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}
+
+
+def check_platform_env(platform: str | None, environ=None) -> list[str]:
+    """Problems of a CPU platform preset (`platform`: hydra's choice for the platform group, e.g. ``cpu`` under
+    ``--config-name smoke_cpu``) run without CPU_PLATFORM_ENV: verl then takes the CUDA platform and the run fails
+    in its workers after about a minute ("Distributed package doesn't have NCCL built in"). Not skippable."""
+    if not str(platform or "").startswith("cpu"):
+        return []
+    environ = os.environ if environ is None else environ
+    missing = {k: v for k, v in CPU_PLATFORM_ENV.items() if environ.get(k, "").lower() != v}
+    if not missing:
+        return []
+    needed = " ".join(f"{k}={v}" for k, v in CPU_PLATFORM_ENV.items())
+    here = ", ".join(f"{k}={environ[k]}" if k in environ else f"{k} is unset" for k in missing)
+    return [f"platform={platform} (the CPU preset; --config-name smoke_cpu selects it) needs {needed} in the "
+            f"environment; here {here}: run `{needed} python -m recipe.main_gapo ...`, or `python -m recipe.smoke` "
+            "(make smoke), which sets them"]
+
+
+def run_driver_checks(config: DictConfig, platform: str | None = None) -> None:
+    """Data, model, resume and package checks in the driver (no Ray), and the environment of a CPU `platform` preset
+    (`check_platform_env`); raises PreflightError listing every problem."""
     skip = skipped_checks()
-    problems = []
+    problems = check_platform_env(platform)
     if "data" not in skip:
         problems += check_data_files(config)
     if "model" not in skip:
