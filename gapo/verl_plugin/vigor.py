@@ -47,6 +47,7 @@ from transfer_queue import KVBatchMeta
 from verl.utils import tensordict_utils as tu
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
+from gapo.config_names import unknown_key
 from gapo.groups import session_final_rows
 from gapo.vigor import (
     CONFIG_PREFIX,
@@ -82,11 +83,10 @@ def vigor_settings(config: DictConfig) -> Optional[VigorConfig]:
     knobs = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
     if not isinstance(knobs, dict):
         raise VigorConfigError(f"{CONFIG_PREFIX}={knobs!r} must be a mapping of VIGOR's knobs (configs/vigor/)")
-    known = {f.name for f in dataclasses.fields(VigorConfig)}
-    unknown = sorted(set(knobs) - known)
+    known = [f.name for f in dataclasses.fields(VigorConfig)]
+    unknown = sorted(set(knobs) - set(known))
     if unknown:
-        raise VigorConfigError(f"unknown VIGOR key(s) {[f'{CONFIG_PREFIX}.{k}' for k in unknown]}; the knobs are "
-                               f"{sorted(known)}")
+        raise VigorConfigError(unknown_key(f"{CONFIG_PREFIX}.{unknown[0]}", known, "a VIGOR knob"))
     n = config.actor_rollout_ref.rollout.n
     try:
         cfg = VigorConfig(**knobs)  # checks every knob (gapo.vigor.FIELD_RULES), off or on
