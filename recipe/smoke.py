@@ -8,7 +8,7 @@ KEY=VALUE: hydra overrides of the smoke_cpu preset, given to both training runs 
 `--nodes N` through launch/submit.sh), after the smoke's own, e.g. `actor_rollout_ref.actor.policy_loss.schedule=exp`;
 options and overrides may come in any order. The keys the smoke run sets itself are refused, naming the option that
 sets them (OWN_KEYS: steps, shape, rollout engine, checkpoint folder); a misspelt key fails the first run within
-seconds with hydra's message.
+seconds with recipe.main_gapo's message naming the closest key, quoted from its log.
 
 1. builds the tiny model/tokenizer and the synthetic task's parquet files under OUT (offline, cached);
 2. trains `--steps` steps with `python -m recipe.main_gapo --config-name smoke_cpu` (Ray, FSDP2 actor, HF
