@@ -20,7 +20,6 @@ import difflib
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,11 +27,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gapo.model_path import HUB_ID, is_hub_id
+
 SHARD_GLOB = "model_world_size_*_rank_*.pt"
 TRACKER = "latest_checkpointed_iteration.txt"
 _STAMP = "gapo_eval_merged.json"
-# org/name: one slash, each part a letter or digit then letters, digits, `_`, `-`, `.`
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", re.ASCII)
 _LISTED = 8  # names of a folder shown in a message
 _CKPT_DEPTH = 3  # levels below a folder searched for verl checkpoint folders
 
@@ -113,21 +112,6 @@ def merge_verl_checkpoint(actor: Path, target: Path) -> None:
         raise RuntimeError(f"model merger failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
 
 
-def is_hub_id(name: str) -> bool:
-    """Whether ``--model name``, when no such path exists, is tried as a Hugging Face hub id.
-
-    Only a name of the hub's form, ``org/name`` (one slash; each part a letter or digit followed by letters,
-    digits, ``_``, ``-``, ``.``), that does not look local: it does not start with ``/``, ``./``, ``../`` or ``~``
-    (the form excludes them), has no second slash, names no ``global_step_``, and its first part is not an existing
-    local folder (with ``runs/`` present, ``runs/nothere`` is a missing local path, not a hub id). Relative paths are
-    against the current folder. ``gpt2``-style ids without an org are local paths here; name them ``org/name``
-    (``openai-community/gpt2``).
-    """
-    if not _HUB_ID.fullmatch(name) or "global_step_" in name:
-        return False
-    return not Path(name.split("/", 1)[0]).is_dir()
-
-
 def _dirs(folder: Path) -> list[str]:
     try:
         return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
@@ -174,7 +158,7 @@ def missing_path_message(name: str, hub: bool = True) -> str:
     if found:
         text += f"; verl checkpoints there: {found}"
     first = name.split("/", 1)[0]
-    if hub and _HUB_ID.fullmatch(name) and Path(first).is_dir():
+    if hub and HUB_ID.fullmatch(name) and Path(first).is_dir():
         text += f" ({first}/ is a local folder, so this is not taken as a hub id org/name)"
     elif hub and "global_step_" not in name:
         text += " (a hub id has the form org/name)"

@@ -150,8 +150,20 @@ def test_missing_local_model_path_names_the_key(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths: not the checkout, where `make smoke` leaves runs/smoke/model
     problems = check_model_path(_config("x", "x", model=path))
     assert len(problems) == 1
-    assert problems[0].startswith(f"actor_rollout_ref.model.path='{path}': no such folder")
+    assert problems[0].startswith(f"actor_rollout_ref.model.path='{path}': no such local folder")
     assert "hub id org/name" in problems[0] and "recipe.smoke" in problems[0]
+
+
+def test_a_typo_of_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    """The rule `python -m eval --model` follows (gapo.model_path.is_hub_id): org/name is a hub id only when org/ is
+    no local folder; with runs/ here, runs/nothere is a mistyped local path, named as such."""
+    monkeypatch.chdir(tmp_path)
+    assert check_model_path(_config("x", "x", model="runs/nothere")) == []  # no runs/ here: a hub id, checked there
+    (tmp_path / "runs").mkdir()
+    problems = check_model_path(_config("x", "x", model="runs/nothere"))
+    assert len(problems) == 1 and "no such local folder" in problems[0], problems
+    assert "runs/ is a local folder, so it is not taken as a hub id" in problems[0]
+    assert check_model_path(_config("x", "x", model="Qwen/Qwen2.5-Math-1.5B")) == []
 
 
 def test_model_folder_needs_config_json(tmp_path):

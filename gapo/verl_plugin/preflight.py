@@ -31,6 +31,8 @@ from collections.abc import Iterable, Sequence
 
 from omegaconf import DictConfig, ListConfig
 
+from gapo.model_path import HUB_ID, is_hub_id
+
 SKIP_ENV = "GAPO_SKIP_PREFLIGHT"
 CHECKS = ("data", "model", "checkpoint", "packages", "gpu")
 OUR_REWARD_PATHS = ("pkg://gapo.rewards", "pkg://gapo/rewards")
@@ -38,10 +40,6 @@ OUR_REWARD_FUNCTIONS = ("compute_score", "compute_score_batch")
 DATA_SUFFIXES = (".parquet", ".json", ".jsonl")  # what verl's RLHFDataset reads
 # A URI with a scheme (hdfs://, s3://, gs://, ...): not checked here (verl copies hdfs:// to a local cache).
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# A Hugging Face hub id, org/name: passes unchecked when no such local folder exists (the hub may be
-# reachable from the cluster). Anything else that is not an existing path is an error.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_LOCAL_PREFIXES = ("/", "./", "../", "~")
 
 DATA_FIX = (
     "prepare the data first (math: `python -m gapo.data.prepare_math --dataset all`, code: "
@@ -231,11 +229,14 @@ def check_model_path(config: DictConfig) -> list[str]:
             if need_config and os.path.isdir(local) and not os.path.exists(os.path.join(local, "config.json")):
                 problems.append(f"{key}={path!r} has no config.json: not a Hugging Face model folder; {fix}")
             continue
-        if not path.startswith(_LOCAL_PREFIXES) and _HUB_ID.match(path):
+        if is_hub_id(path):  # org/name whose org is no local folder (gapo.model_path, as python -m eval)
             _note(f"{key}={path!r}: no such local folder, taken as a hub id (downloaded where the workers run)")
             continue
         where = "" if os.path.isabs(local) else f" (relative to {os.getcwd()})"
-        problems.append(f"{key}={path!r}: no such folder{where}, and not a hub id org/name: {fix}")
+        first = path.split("/", 1)[0]
+        why = (f"{first}/ is a local folder, so it is not taken as a hub id org/name" if HUB_ID.fullmatch(path)
+               else "not a hub id org/name")
+        problems.append(f"{key}={path!r}: no such local folder{where}, and {why}: {fix}")
     return problems
 
 
