@@ -10,6 +10,7 @@ are tested on fake hierarchies; the real hierarchy of this machine (v1 here and 
 tested for real where root can write it (skipped otherwise, with the reason).
 """
 
+import errno
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import pytest
 from tests.conftest import missing_tool
 
 from gapo.rewards.code.score import compute_code_score
-from gapo.rewards.sandbox import cgroups
+from gapo.rewards.sandbox import cgroups, policy
 from gapo.rewards.sandbox.client import ISOLATIONS, Sandbox, SandboxConfig, SandboxUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,7 +307,7 @@ def test_slot_cgroups_hold_the_limits_and_go_away(cg_box):
                     checked.add(name)
         required = {name for _, name, _, req in cgroups.cgroup_slot_files(cg["version"], 1, 1, 1) if req}
         assert required <= checked, required - checked
-    assert cfg.slot_memory_bytes() == (256 + 64 + 64) * MB
+    assert cfg.slot_memory_bytes() == (256 + 64 + 16 + 64) * MB  # memory_mb, tmpfs_mb, shm_mb, 64
     box = _start(SandboxConfig(slots=1, **BASE))
     own = [Path(d) for d in box.probe["cgroup"]["dirs"]]
     assert all(d.is_dir() for d in own)
@@ -440,6 +441,58 @@ def test_rlimits_fallback_is_tighter():
         assert leftovers(box) == []
     finally:
         box.close()
+
+
+
+# ----- writable space is memory: every writable mount is sized, without cgroups too -------------------------
+# Writes 8 MiB files (under RLIMIT_FSIZE's 16) until a total past the test's memory limit, then prints ok. Before
+# the fix, /dev/shm, /dev and / were tmpfs without a size (half the host's RAM) and all three printed ok.
+FILL = ("import errno, os, sys\nwritten = 0\ntry:\n    for i in range({files}):\n"
+        "        with open(os.path.join({where!r}, 'fill%d' % i), 'wb') as f:\n"
+        "            for _ in range(8):\n                f.write(b'x' * (1 << 20))\n                written += 1\n"
+        "except OSError as exc:\n    print(errno.errorcode[exc.errno], written)\n    sys.exit(1)\nprint('ok', written)\n")
+FILL_MEMORY_MB = 96
+WRITABLE = {"/tmp": errno.ENOSPC, "/dev/shm": errno.ENOSPC, "/": errno.EROFS, "/dev": errno.EROFS}
+
+
+@pytest.fixture(scope="module")
+def rlimits_box():
+    """No cgroup (RLIMIT_AS only, which tmpfs pages escape), and mounts asked larger than the memory limit."""
+    box = _start(SandboxConfig(slots=1, cgroup="off", test_timeout_s=10.0, problem_timeout_s=20.0,
+                               memory_mb=FILL_MEMORY_MB, tmpfs_mb=4 * FILL_MEMORY_MB, shm_mb=4 * FILL_MEMORY_MB))
+    assert box.isolation == "rlimits"
+    yield box
+    box.close()
+
+
+@pytest.mark.parametrize("where", sorted(WRITABLE))
+def test_filling_a_mount_past_the_memory_limit_fails(rlimits_box, where):
+    files = FILL_MEMORY_MB // 8 + 2  # 112 MiB against 96
+    (result,) = rlimits_box.run(FILL.format(files=files, where=where), [""])
+    assert result.status == "ok" and result.exit_code == 1, result
+    name, written = result.stdout.split()
+    assert name.decode() == errno.errorcode[WRITABLE[where]], result
+    # a sized tmpfs stops at the memory limit (the mount asked for 4x more), a read-only one at once
+    assert int(written) <= (FILL_MEMORY_MB if WRITABLE[where] == errno.ENOSPC else 0), result
+    tests = json.dumps({"inputs": ["\n"], "outputs": ["ok %d\n" % (8 * files)]})
+    out = compute_code_score(None, _fence(FILL.format(files=files, where=where)), tests, sandbox=rlimits_box)
+    assert out["score"] == 0.0 and out["reason"] == "exit code 1", out  # before: "ok 112" was printed, and paid
+    assert leftovers(rlimits_box) == []
+
+
+def test_the_writable_mounts_are_sized_and_the_rest_read_only():
+    """The launch line: /tmp and /dev/shm each get a size (at most the run's memory), and / and /dev are remounted
+    read-only after every mount (bwrap creates mount points in them, so not before)."""
+    cfg = {"bwrap": "bwrap", "interpreter": "/usr/bin/python3", "python_args": [], "tmpfs_bytes": 64 * MB,
+           "shm_bytes": 16 * MB}
+    argv = policy.launch_argv(cfg, True, 32 * MB)
+    sizes = {argv[i + 3]: int(argv[i + 1]) for i, a in enumerate(argv) if a == "--size"}
+    assert sizes == {"/tmp": 32 * MB, "/dev/shm": 16 * MB}
+    assert policy.tmpfs_sizes(cfg, 1 << 40) == {"/tmp": 64 * MB, "/dev/shm": 16 * MB}
+    mounts = [i for i, a in enumerate(argv) if a in ("--tmpfs", "--dev", "--proc", "--ro-bind", "--ro-bind-data")]
+    ro = [argv[i + 1] for i, a in enumerate(argv) if a == "--remount-ro"]
+    assert sorted(ro) == ["/", "/dev"]
+    assert min(i for i, a in enumerate(argv) if a == "--remount-ro") > max(mounts)
 
 
 # ----- nothing outlives a call ---------------------------------------------------------------------------

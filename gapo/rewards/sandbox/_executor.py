@@ -156,7 +156,7 @@ class Executor:
                                           cfg["slots"], cfg.get("slot_memory_bytes", 1 << 31),
                                           cfg.get("slot_cpus", 1.0), cfg.get("slot_pids", cfg["nproc"]))
         self._set_isolation(cg, note)
-        self.argv_prefix = policy.launch_argv(cfg, self.sandboxed)
+        self._argv: dict[int, list[str]] = {}  # a run's RLIMIT_AS -> its command line (tmpfs sizes follow it)
 
     def _set_isolation(self, cg: cgroups.Cgroups | None, note: str = "") -> None:
         """Per-slot cgroups, or (``rlimits``) a tighter RLIMIT_NPROC: without a memory limit per slot,
@@ -202,11 +202,12 @@ class Executor:
                 cg_join = self.cg.join_files(slot)
         process.write_all(code_fd, group.program)
         os.lseek(code_fd, 0, os.SEEK_SET)
+        argv = self.argv(group.limits)
         if pid < 0:
             pid = os.fork()
         if pid == 0:  # child: never returns
             try:
-                self._child(slot, group.limits, stdin_r, out_w, err_w, code_fd, cg_join)
+                self._child(slot, group.limits, argv, stdin_r, out_w, err_w, code_fd, cg_join)
             except BaseException as exc:  # noqa: BLE001 - report any setup failure on the test's stderr
                 try:
                     os.write(2, f"sandbox launch failed: {exc!r}\n".encode())
@@ -223,10 +224,21 @@ class Executor:
         self.sel.register(out_r, selectors.EVENT_READ, ("out", run))
         self.sel.register(err_r, selectors.EVENT_READ, ("err", run))
 
-    def _child(self, slot, limits, stdin_r, out_w, err_w, code_fd, cg_join) -> None:
+    def argv(self, limits: dict) -> list[str]:
+        """The command line of a run under ``limits`` (built once per memory limit: each writable tmpfs is at most
+        the run's RLIMIT_AS, :func:`policy.tmpfs_sizes`)."""
+        mem = limits["memory_bytes"]
+        argv = self._argv.get(mem)
+        if argv is None:
+            if len(self._argv) >= 64:  # a few memory limits in practice; never an unbounded table
+                self._argv.clear()
+            argv = self._argv[mem] = policy.launch_argv(self.cfg, self.sandboxed, mem)
+        return argv
+
+    def _child(self, slot, limits, argv, stdin_r, out_w, err_w, code_fd, cg_join) -> None:
         uid = self._uid(slot) if self.root else None  # RLIMIT_NPROC is not enforced for root, and counts per uid
         process.launch((stdin_r, out_w, err_w, code_fd), cg_join, policy.rlimits(limits, self.nproc), uid, self.pid,
-                       None if self.sandboxed else "/tmp", self.argv_prefix, policy.MINIMAL_ENV)
+                       None if self.sandboxed else "/tmp", argv, policy.MINIMAL_ENV)
 
     # ----- I/O events -------------------------------------------------------------------------
     def _unregister_close(self, fd: int) -> None:

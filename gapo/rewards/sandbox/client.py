@@ -111,7 +111,10 @@ class SandboxConfig:
         fsize_mb: ``RLIMIT_FSIZE`` (largest file a test may write, in its tmpfs).
         nofile / nproc: ``RLIMIT_NOFILE`` / ``RLIMIT_NPROC`` (processes + threads of a slot's uid,
             bwrap's two processes included).
-        tmpfs_mb: size of the sandbox's ``/tmp``.
+        tmpfs_mb / shm_mb: sizes of the sandbox's ``/tmp`` and ``/dev/shm``, its only writable places (``/`` and
+            ``/dev`` are read-only), each at most the test's ``memory_mb``. RLIMIT_AS does not count their pages,
+            so without cgroups they are the whole bound on what a test keeps there: together ``tmpfs_mb +
+            shm_mb`` past its memory limit (a slot cgroup's limit includes them).
         max_output_bytes: hard cap on a test's stdout (callers usually pass a tighter one per test).
         stderr_bytes: how much of the end of stderr is kept (diagnostics only).
         extra_ro_binds: more host paths mounted read-only at the same place. Default: Debian's
@@ -126,8 +129,8 @@ class SandboxConfig:
             when the executor stops (and an empty one left by a killed executor, at the next start).
         cgroup_root: where the cgroup hierarchies are mounted (v2: ``cgroup_root`` or ``cgroup_root/unified``;
             v1: ``cgroup_root/<controller>``).
-        slot_memory_mb: memory of all the processes of one slot together (resident memory, its ``/tmp``
-            tmpfs, page cache, kernel memory; no swap). Default: the test's ``memory_mb`` + ``tmpfs_mb`` + 64,
+        slot_memory_mb: memory of all the processes of one slot together (resident memory, its tmpfs, page
+            cache, kernel memory; no swap). Default: the test's ``memory_mb`` + ``tmpfs_mb`` + ``shm_mb`` + 64,
             so one test process can use its whole ``RLIMIT_AS``, but children cannot multiply it. Past it,
             the kernel kills a process of the slot (the test fails).
         slot_cpus: CPU quota of a slot, in CPUs (cgroup ``cpu.max`` / ``cfs_quota_us``; 0: no quota). The
@@ -153,6 +156,7 @@ class SandboxConfig:
     nofile: int = 64
     nproc: int = 32
     tmpfs_mb: int = 64
+    shm_mb: int = 16
     max_output_bytes: int = 64 << 20
     stderr_bytes: int = 4096
     extra_ro_binds: tuple[str, ...] = ("/etc/alternatives",)
@@ -169,6 +173,8 @@ class SandboxConfig:
     def __post_init__(self):
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
+        if self.tmpfs_mb < 1 or self.shm_mb < 1:
+            raise ValueError(f"tmpfs_mb and shm_mb must be >= 1 (MiB), got {self.tmpfs_mb}, {self.shm_mb}")
         if not 0 < self.test_timeout_s <= self.problem_timeout_s:
             raise ValueError(f"need 0 < test_timeout_s <= problem_timeout_s, got {self.test_timeout_s}, "
                              f"{self.problem_timeout_s}")
@@ -184,7 +190,7 @@ class SandboxConfig:
         """The memory limit of a slot running a test with ``memory_mb`` (see ``slot_memory_mb``)."""
         if self.slot_memory_mb is not None:
             return int(self.slot_memory_mb) << 20
-        return (int(memory_mb or self.memory_mb) + self.tmpfs_mb + 64) << 20
+        return (int(memory_mb or self.memory_mb) + self.tmpfs_mb + self.shm_mb + 64) << 20
 
     def limits(self, test_timeout_s=None, problem_timeout_s=None, memory_mb=None) -> dict:
         """The limits sent with a group of tests: this config's, each replaced by the argument when one is given."""
@@ -298,7 +304,8 @@ class Sandbox:
         exe_cfg = {
             "mode": mode, "bwrap": cfg.bwrap, "interpreter": cfg.interpreter,
             "python_args": list(cfg.python_args), "slots": cfg.slots, "uid_base": cfg.uid_base,
-            "nproc": cfg.nproc, "tmpfs_bytes": cfg.tmpfs_mb << 20, "stderr_bytes": cfg.stderr_bytes,
+            "nproc": cfg.nproc, "tmpfs_bytes": cfg.tmpfs_mb << 20, "shm_bytes": cfg.shm_mb << 20,
+            "stderr_bytes": cfg.stderr_bytes,
             "extra_ro_binds": [p for p in cfg.extra_ro_binds if os.path.exists(p)] + self._interpreter_binds(),
             "cgroup": cfg.cgroup, "cgroup_root": cfg.cgroup_root, "slot_memory_bytes": cfg.slot_memory_bytes(),
             "slot_cpus": cfg.slot_cpus, "slot_pids": cfg.slot_pids or cfg.nproc, "rlimits_nproc": cfg.rlimits_nproc,

@@ -6,8 +6,14 @@ Each run, through this chain::
 
     rlimits (AS, CPU, FSIZE, NOFILE, NPROC, CORE) -> drop to the slot's own non-root uid
     -> PR_SET_PDEATHSIG -> execve(bwrap, minimal env) -> every namespace unshared, read-only /usr,
-    program read-only at /main.py, small tmpfs /tmp, cleared env -> python3 -I -S /main.py
+    program read-only at /main.py, small sized tmpfs /tmp and /dev/shm (the only writable places: / and
+    /dev read-only), cleared env -> python3 -I -S /main.py
     (pid 1 a shell, the program its child: normal signal semantics; its stdin a sealed regular file, as on a judge)
+
+Writable space is memory that RLIMIT_AS does not count (tmpfs pages belong to no process), so every writable
+mount has a size (:func:`tmpfs_sizes`). bwrap's own root and its ``--dev`` are tmpfs without one (half the
+host's RAM): a program that filled ``/dev/shm``, ``/dev`` or ``/`` held gigabytes past its memory limit
+where no slot cgroup charges it, and was paid; both are remounted read-only once the mounts are made.
 
 bwrap is exec'ed with a minimal environment too: bwrap's own pid 1 keeps the environment it was started with,
 readable as ``/proc/1/environ`` inside the sandbox. Nothing of this package is mounted in the sandbox: the
@@ -40,9 +46,19 @@ SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 INIT_SHELL = ["/bin/sh", "-c", '"$@"; exit $?', "sh"]  # not a lone "$@": a shell may exec a last command
 
 
-def launch_argv(cfg: dict, sandboxed: bool) -> list[str]:
-    """The command line of every run (the program is fd 3): bwrap, then INIT_SHELL, then the interpreter; or,
-    unsandboxed, the interpreter alone on ``/dev/fd/3``."""
+def tmpfs_sizes(cfg: dict, memory_bytes: int) -> dict[str, int]:
+    """The writable mounts of a run and their sizes in bytes: ``/tmp`` (``tmpfs_bytes``) and ``/dev/shm``
+    (``shm_bytes``), each at most the run's ``memory_bytes`` (RLIMIT_AS). Together they add at most
+    ``tmpfs_bytes + shm_bytes`` to what a run's processes hold: the share the slot cgroup's limit adds to the
+    test's memory (``SandboxConfig.slot_memory_bytes``), and, without cgroups, the whole bound on them."""
+    return {"/tmp": min(int(cfg["tmpfs_bytes"]), memory_bytes),
+            "/dev/shm": min(int(cfg["shm_bytes"]), memory_bytes)}
+
+
+def launch_argv(cfg: dict, sandboxed: bool, memory_bytes: int | None = None) -> list[str]:
+    """The command line of a run (the program is fd 3): bwrap, then INIT_SHELL, then the interpreter; or,
+    unsandboxed, the interpreter alone on ``/dev/fd/3``. ``memory_bytes``: the run's RLIMIT_AS, which bounds
+    each writable tmpfs (:func:`tmpfs_sizes`; ``None``: no bound but their own sizes)."""
     py = [cfg["interpreter"], *cfg["python_args"]]
     if not sandboxed:
         return py + ["/dev/fd/3"]
@@ -62,9 +78,13 @@ def launch_argv(cfg: dict, sandboxed: bool) -> list[str]:
             a += ["--ro-bind", path, path]
     for path in cfg.get("extra_ro_binds", []):
         a += ["--ro-bind", path, path]
-    a += ["--proc", "/proc", "--dev", "/dev",
-          "--size", str(cfg["tmpfs_bytes"]), "--tmpfs", "/tmp",
-          "--perms", "0444", "--ro-bind-data", "3", PROGRAM_PATH,
+    a += ["--proc", "/proc", "--dev", "/dev"]
+    # --dev's /dev/shm is a directory of /dev's own tmpfs: an explicit tmpfs over it carries a size.
+    for path, size in tmpfs_sizes(cfg, memory_bytes if memory_bytes is not None else 1 << 62).items():
+        a += ["--size", str(size), "--tmpfs", path]
+    a += ["--perms", "0444", "--ro-bind-data", "3", PROGRAM_PATH,
+          # last, once every mount point exists: bwrap's root and /dev are tmpfs without a size
+          "--remount-ro", "/dev", "--remount-ro", "/",
           "--chdir", "/tmp", "--clearenv"]
     for key, value in MINIMAL_ENV.items():
         a += ["--setenv", key, value]
