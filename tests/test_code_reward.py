@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gapo.rewards.code._programs import CODEC_SRC
+from gapo.rewards.code.compare import _untag, call_result
 from gapo.rewards.code.protocol import PROTOCOLS
 from gapo.rewards.code.score import (
     CodeBatchScorer,
@@ -106,9 +108,40 @@ def test_stdout_matches(got, want, ok):
     ("1", 1, False),
     ([1, 2], [2, 1], False),
     (None, 0, False),
+    ((1, 2), [1, 2], False),  # a nested tuple is not a list (call_result reads a top-level one as a list)
+    ({1: 2}, {"1": 2}, False),  # JSON's keys are strings; Python's == (the judges') tells 1 from "1"
+    ({"a": (1,)}, {"a": [1]}, False),
 ])
 def test_values_match(got, want, ok):
     assert values_match(got, want) is ok
+
+
+def _returned(value):
+    """``value`` as the parent gets it back from a sandboxed answer: the runner's own encoder, JSON, the decoder."""
+    ns = {}
+    exec(CODEC_SRC, ns)
+    return _untag(json.loads(json.dumps(ns["_g_enc"](value))), False)
+
+
+@pytest.mark.parametrize("value,want,unwrap,ok", [
+    ([1, 2, 3], [1, 2, 3], False, True),
+    ((1, 2, 3), [1, 2, 3], False, True),  # both judges read a returned top-level tuple as a list
+    ({1, 2, 3}, [1, 2, 3], False, False),  # a set is never a list (was paid)
+    (frozenset({1, 2, 3}), [1, 2, 3], False, False),
+    ([(1, 2)], [[1, 2]], False, False),  # LiveCodeBench: only the top level is converted
+    ([(1, 2)], [[[1, 2]]], True, True),  # TACO/PrimeIntellect: [list(x) for x in output] against want[0]
+    ([(1, 2), [3]], [[[1, 2], [3]]], True, True),
+    ([[1, 2], (3,)], [[[1, 2], [3]]], True, False),  # only when the first item is a tuple, as that judge
+    ([{1, 2}], [[[1, 2]]], True, False),
+    (3, [3], True, True),
+    (3, [3, 4], True, False),  # a bare value only for a one-element list
+    ({"1": 2}, {"1": 2}, False, True),
+    ({1: 2}, {"1": 2}, False, False),
+    (1.0, 1, False, True),  # Python: 1.0 == 1
+    (True, 1, False, False),  # the one type rule stricter than the judges: bool is not int
+])
+def test_call_results_read_as_the_judges_read_them(value, want, unwrap, ok):
+    assert call_result(_returned(value), want, unwrap_single=unwrap) is ok
 
 
 def test_select_longest_tests():

@@ -8,6 +8,9 @@
    are each a score of 0 with a reason.
 4. Parent-side parsing is linear: counted work, not timed (timings are in ``recipe/bench/code_parse.py``).
 6. Output caps for HumanEval are what the judge needs; the answer's prints do not count against them.
+7. A program that kills itself after printing dies, as on a judge.
+8. stdin is a regular file, as on the judges.
+9. Function calls compare types as the benchmarks' judges do (a set is not a list, a nested tuple is not a list).
 
 Parser tests need no sandbox; the others skip where bubblewrap cannot work.
 """
@@ -629,3 +632,76 @@ def test_empty_and_large_unread_inputs(box):
     gt = json.dumps({"inputs": ["", "x" * (4 << 20)], "outputs": ["ok\n", "ok\n"]})
     (out,) = _score_all(box, ["print('ok')\n"], gt)
     assert out["score"] == 1.0, out
+
+
+# ----- 9. function calls: types as the benchmarks' judges compare them ------------------------------
+# LiveCodeBench's grade_call_based and TACO/PrimeIntellect's execute_cb_code (rllm 18e446c5) turn a returned
+# top-level tuple into a list, then compare with Python's == against the JSON-decoded expected value. Each case:
+# the expected JSON, returned values that pass, returned values that fail. Marked (was 1.0): paid before issue 33.
+JUDGE_TYPES = {
+    "list": ("[1, 2, 3]",
+             ["sorted(xs)", "tuple(sorted(xs))", "[x for x in sorted(xs)]", "list(sorted(set(xs)))",
+              "[float(x) for x in sorted(xs)]"],
+             ["set(xs)", "frozenset(xs)", "{1, 2, 3}", "set(sorted(xs))",  # (was 1.0)
+              "{x: 0 for x in sorted(xs)}", "sorted(xs)[:2]", "[str(x) for x in sorted(xs)]", "[sorted(xs)]",
+              "[True, 2, 3]"]),
+    "nested_list": ("[[1, 2], [3, 4]]",
+                    ["[[1, 2], [3, 4]]", "([1, 2], [3, 4])", "[list(p) for p in ((1, 2), (3, 4))]"],
+                    ["[(1, 2), (3, 4)]", "((1, 2), (3, 4))", "[[1, 2], (3, 4)]", "[{1, 2}, {3, 4}]",  # (was 1.0)
+                     "[[1, 2], {3, 4}]", "[[1, 2], [4, 3]]"]),
+    "dict": ('{"a": 1, "b": [2]}',
+             ["{'a': 1, 'b': [2]}", "{'b': [2], 'a': 1}", "dict(a=1, b=[2])", "{'a': 1.0, 'b': [2]}"],
+             ["{'a': 1, 'b': (2,)}", "{'a': 1, 'b': {2}}",  # (was 1.0)
+              "[('a', 1), ('b', [2])]", "{'a': 1}", "{'a': 1, 'b': [2], 'c': 3}", "{'a': True, 'b': [2]}"]),
+    "string_keys": ('{"1": 2}',
+                    ["{'1': 2}", "{str(1): 2}"],
+                    ["{1: 2}", "{1.0: 2}",  # (was 1.0)
+                     "{True: 2}", "{(1,): 2}", "{'1': '2'}"]),
+    "int": ("3", ["3", "3.0", "len(xs)", "(3)"], ["'3'", "[3]", "(3,)", "{3}", "3.5", "True + 2 == 3"]),
+    "float": ("2.5", ["2.5", "5 / 2", "2.5000000001"], ["'2.5'", "[2.5]", "(2.5,)", "{2.5}", "2.6"]),
+    "bool": ("true", ["True", "1 == 1", "bool(xs)"], ["1", "1.0", "'true'", "[True]", "(True,)", "None"]),
+}
+
+
+def _lcb_functional(output: str) -> str:
+    return json.dumps([{"input": "[3, 1, 2]", "output": output, "testtype": "functional",
+                        "metadata": {"func_name": "f"}}])
+
+
+@pytest.mark.parametrize("case", sorted(JUDGE_TYPES))
+def test_lcb_functional_types_as_the_judge(box, case):
+    want, right, wrong = JUDGE_TYPES[case]
+    answers = [f"class Solution:\n    def f(self, xs):\n        return {body}\n" for body in right + wrong]
+    out = _score_all(box, answers, _lcb_functional(want))
+    got = {body: r["score"] for body, r in zip(right + wrong, out)}
+    assert got == {**{b: 1.0 for b in right}, **{b: 0.0 for b in wrong}}, [(b, r["reason"]) for b, r in
+                                                                        zip(right + wrong, out)]
+
+
+def test_the_issue_example_a_set_for_a_list_scores_zero(box):
+    """Issue 33: LiveCodeBench functional `return set(xs)` for [1, 2, 3] was paid."""
+    gt = json.dumps([{"input": "[3, 1, 2]\n2", "output": "[1, 2, 3]", "testtype": "functional",
+                      "metadata": {"func_name": "f"}}])
+    out = _score_all(box, ["def f(xs, k):\n    return set(xs)\n", "def f(xs, k):\n    return sorted(xs)\n"], gt)
+    assert [r["score"] for r in out] == [0.0, 1.0]
+    assert out[0]["reason"] == "wrong answer on test 1"
+
+
+# TACO/PrimeIntellect (outputs wrap the value): the same, plus execute_cb_code's [list(x) for x in output].
+APPS_TYPES = {
+    "wrapped_list": ([[1, 2, 3]], ["[1, 2, 3]", "(1, 2, 3)", "[[1, 2, 3]]"],
+                     ["{1, 2, 3}", "frozenset([1, 2, 3])", "[{1, 2, 3}]", "[1, 2]"]),
+    "wrapped_pairs": ([[[1, 2], [3, 4]]], ["[[1, 2], [3, 4]]", "[(1, 2), (3, 4)]", "((1, 2), (3, 4))"],
+                      ["[{1, 2}, {3, 4}]", "[[1, 2], (3, 4)]", "[[(1, 2)], [(3, 4)]]", "{(1, 2), (3, 4)}"]),
+    "two_values": ([1, 2], ["[1, 2]", "(1, 2)"], ["1", "{1, 2}", "[2, 1]"]),  # a bare 1 is not [1, 2] here
+}
+
+
+@pytest.mark.parametrize("case", sorted(APPS_TYPES))
+def test_taco_and_primeintellect_calls_types_as_their_judge(box, case):
+    want, right, wrong = APPS_TYPES[case]
+    gt = json.dumps([{"type": "function_call", "fn_name": "f", "input": [], "output": want}])
+    out = _score_all(box, [f"def f():\n    return {body}\n" for body in right + wrong], gt)
+    assert [r["score"] for r in out] == [1.0] * len(right) + [0.0] * len(wrong), \
+        [(b, r["reason"]) for b, r in zip(right + wrong, out)]
+

@@ -1,6 +1,6 @@
 """The code reward's parent-side judging: decoding what a sandboxed program sent back (never trusted) and
-comparing it with the expected values (integers exact, bool apart from int, float tolerance elsewhere),
-in time linear in the output.
+comparing it with the expected values (function calls with the types of the benchmarks' judges, integers
+exact, bool apart from int, float tolerance elsewhere), in time linear in the output.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ NUM_TOKEN_MAX = 400  # longer non-integer tokens are compared as text only (floa
 MAX_DEPTH = 100  # nesting of returned values the parent accepts
 # Unambiguous, so a failed match is linear (the old ``\d+\.?\d*`` backtracked quadratically).
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+_MISSING = object()
 
 # ----- plain data from the sandbox -------------------------------------------------------------------
 class GotSet:
@@ -171,21 +172,15 @@ def stdout_matches(got: str, want: str, tol: float = 1e-6) -> bool:
     return all(g == w or _token_matches(g, w, tol) for g, w in zip(g_tok, w_tok))
 
 
-def _json_key(k) -> str:
-    # json.dumps turns dict keys into strings this way; a reference output read from JSON has them so.
-    if isinstance(k, str):
-        return k
-    if k is True or k is False or k is None:
-        return json.dumps(k)
-    if type(k) in (int, float):
-        return json.dumps(k)
-    raise TypeError("unsupported key")
-
-
 def values_match(got, want, tol: float = 1e-6, _depth: int = 0) -> bool:
-    """Function-call results (``got``, as decoded from the sandbox) against an expected JSON value:
-    lists and tuples alike, bool apart from int, integers exact (an integral float equal to it passes),
-    other numbers within ``tol``, dict keys compared as JSON writes them."""
+    """A function call's result (``got``, as decoded from the sandbox) against its expected value, with the types
+    of the benchmarks' judges: Python's ``==`` between the returned value and the expected one as JSON decodes it
+    (LiveCodeBench's ``grade_call_based`` and APPS/TACO's call-based judge both end in ``prediction == gt_out``).
+    So a list is not a tuple (the caller reads a returned *top-level* tuple as a list first, as both judges do:
+    :func:`call_result`), a set is never a list, dict keys must equal the expected keys (JSON's are strings: an
+    int key is not ``"1"``), an integral float equals its int. Two rules of this project's differ, both stricter
+    or equal on types: bool is not int (Python: ``True == 1``), and a number whose expected value is not an
+    integer may differ by ``tol`` (the judges: exactly equal)."""
     if _depth > MAX_DEPTH:
         return False
     if want is None or want is True or want is False:
@@ -202,27 +197,53 @@ def values_match(got, want, tol: float = 1e-6, _depth: int = 0) -> bool:
             return False
     if tw is str:
         return tg is str and got == want
-    if tw is list or tw is tuple:
-        if isinstance(got, GotSet):
-            got, tg = got.items, list
-        if tg is not list and tg is not tuple or len(got) != len(want):
+    if tw is list or tw is tuple:  # JSON arrays (a tuple only from a literal read with ast): a returned list
+        if tg is not list or len(got) != len(want):
             return False
         return all(values_match(g, w, tol, _depth + 1) for g, w in zip(got, want))
+    if tw is set or tw is frozenset:  # only from a literal read with ast (JSON has no sets)
+        return isinstance(got, GotSet) and _same_items(got.items, list(want), None, _depth)
     if tw is dict:
         pairs = got.pairs if isinstance(got, GotDict) else list(got.items()) if tg is dict else None
         if pairs is None or len(pairs) != len(want):
             return False
-        seen = set()
+        keys = {k: k for k in want}  # looked up in the expected (trusted) table, never one of the answer's
+        used = set()
         for k, v in pairs:
             try:
-                key = _json_key(k)
-            except (TypeError, ValueError):
+                wk = keys.get(k, _MISSING)
+            except TypeError:  # an unhashable key (a set, a list) is no key of the expected dict
                 return False
-            if key not in want or key in seen or not values_match(v, want[key], tol, _depth + 1):
+            if wk is _MISSING or wk in used or not _same(k, wk, _depth + 1):
                 return False
-            seen.add(key)
+            if not values_match(v, want[wk], tol, _depth + 1):
+                return False
+            used.add(wk)
         return True
     return tg is tw and got == want
+
+
+def call_result(got, want, tol: float = 1e-6, unwrap_single: bool = False) -> bool:
+    """Whether a function call's returned value (decoded) passes for ``want``, as the row's judge reads it.
+
+    Both judges DeepCoder scores with (rllm 18e446c5) first turn a returned top-level tuple into a list, and only
+    that one: LiveCodeBench's ``grade_call_based`` (``rllm/rewards/code_utils/livecodebench.py``, taken from
+    LiveCodeBench's ``lcb_runner/evaluation/testing_util.py``), and TACO/PrimeIntellect's ``execute_cb_code``
+    (``rllm/rewards/code_utils/taco.py``); then :func:`values_match`. ``unwrap_single`` (TACO/PrimeIntellect,
+    whose outputs wrap the value as ``[value]``): as ``execute_cb_code``, the value also passes for ``want[0]``,
+    and so does a list of tuples read as a list of lists (its ``[list(x) for x in exec_outputs]``). That judge
+    tries ``want[0]`` for any non-empty ``want``; here only for a one-element one (a bare 3 is not ``[3, 4]``)."""
+    if type(got) is tuple:
+        got = list(got)
+    if values_match(got, want, tol):
+        return True
+    if not (unwrap_single and type(want) is list and len(want) == 1):
+        return False
+    if values_match(got, want[0], tol):
+        return True
+    return (type(got) is list and bool(got) and type(got[0]) is tuple
+            and all(type(x) is tuple or type(x) is list for x in got)
+            and values_match([list(x) for x in got], want[0], tol))
 
 
 def _same(got, want, depth: int = 0) -> bool:

@@ -45,10 +45,12 @@ Test formats accepted (``ground_truth`` as a JSON string, or already decoded):
 stdin/stdout tests are compared line by line after stripping, then token by token: where the expected
 token is an integer the output token must be the same integer (``7.0`` is accepted for ``7``, ``6.9999999``
 is not); other numbers may differ by ``float_tol``. Function-call results are compared as values with
-the same rule (``True`` is not ``1``; TACO/PrimeIntellect also accept the bare value for a one-element
-expected list). Every result has a ``reason`` (``""`` when passed); a program's failure, whatever it
-printed, is a score of 0, never an exception. Parsing is linear in the output's size (no regex that
-backtracks, numeric tokens longer than ``NUM_TOKEN_MAX`` are compared as text).
+the same rule and the types of the benchmarks' judges (:func:`~gapo.rewards.code.compare.call_result`: a
+returned top-level tuple reads as a list, nothing else changes type, so a set is not a list and a nested tuple
+is not a list; ``True`` is not ``1``; TACO/PrimeIntellect also accept the bare value for a one-element expected
+list). Every result has a ``reason`` (``""`` when passed); a program's failure, whatever it printed, is a score
+of 0, never an exception. Parsing is linear in the output's size (no regex that backtracks, numeric tokens
+longer than ``NUM_TOKEN_MAX`` are compared as text).
 """
 
 from __future__ import annotations
@@ -255,12 +257,12 @@ from gapo.rewards.code.compare import (  # noqa: E402,F401  (re-exported: the ju
     _close,
     _int_token,
     _integral_token,
-    _json_key,
     _same,
     _same_items,
     _tag,
     _token_matches,
     _untag,
+    call_result,
     check_passes,
     read_results,
     stdout_matches,
@@ -458,11 +460,7 @@ def _judge_test(item: _Item, idx: int, res: RunResult, tol: float) -> str:
     if item_[0] == 1:
         return f"the answer raised {str(item_[1])[:64]} on test {idx + 1}"
     got = _untag(item_[1], False)
-    if values_match(got, want, tol):
-        return ""
-    if problem.unwrap_single and isinstance(want, list) and len(want) == 1 and values_match(got, want[0], tol):
-        return ""
-    return f"wrong answer on test {idx + 1}"
+    return "" if call_result(got, want, tol, problem.unwrap_single) else f"wrong answer on test {idx + 1}"
 
 
 @dataclass(frozen=True)
