@@ -11,6 +11,9 @@
 7. A program that kills itself after printing dies, as on a judge.
 8. stdin is a regular file, as on the judges.
 9. Function calls compare types as the benchmarks' judges do (a set is not a list, a nested tuple is not a list).
+10. Text the sandbox cannot take (a lone surrogate in a program, an input, an expected output) is a failed
+    program or test with a reason, never an exception.
+11. Writable space (/tmp, /dev/shm; / and /dev read-only) is bounded by the memory limit without cgroups too.
 
 Parser tests need no sandbox; the others skip where bubblewrap cannot work.
 """
@@ -705,3 +708,104 @@ def test_taco_and_primeintellect_calls_types_as_their_judge(box, case):
     assert [r["score"] for r in out] == [1.0] * len(right) + [0.0] * len(wrong), \
         [(b, r["reason"]) for b, r in zip(right + wrong, out)]
 
+
+# ----- 10. text the sandbox cannot take: a failed program or test, never an exception ----------------------
+# A lone surrogate (no file, no judge's input can hold one): each spelling, in each place text goes to the sandbox.
+SURROGATES = ["\ud800", "\udfff", "\udc80", "\ud83d", "\ud83d x \ude00"]
+
+
+@pytest.mark.parametrize("bad", SURROGATES)
+def test_a_program_that_is_not_valid_text_scores_zero_everywhere(box, bad):
+    stdio = json.dumps({"inputs": ["2\n"], "outputs": ["2\n"]})
+    lcb = _lcb_functional("[1, 2, 3]")
+    pi = json.dumps([{"type": "function_call", "fn_name": "f", "input": [2], "output": [2]}])
+    he = {"prompt": "def f(x):\n", "entry_point": "f", "test": "def check(candidate):\n    assert candidate(2) == 2\n"}
+    rows = [  # (answer, tests): right but for one bad character, in a comment, a string, a name's neighbour
+        (f"print(input())  # {bad}\n", stdio),
+        (f"s = '{bad}'\nprint(input())\n", stdio),
+        (f"class Solution:\n    def f(self, xs):\n        '''{bad}'''\n        return sorted(xs)\n", lcb),
+        (f"def f(x):\n    return x  # {bad}\n", pi),
+        (f"def f(x):\n    return x if '{bad}' else 0\n", he),
+    ]
+    out = score_code_batch([_fence(a) for a, _ in rows], [t for _, t in rows], sandbox=box)
+    for r in out:
+        assert r["score"] == 0.0 and not r["format_error"], r
+        assert r["reason"].startswith("the program is not valid text: ") and "cannot be encoded as UTF-8" in r["reason"], r
+    # the same programs with characters UTF-8 holds are right
+    fine = score_code_batch([_fence(a.replace(bad, "é😀")) for a, _ in rows], [t for _, t in rows], sandbox=box)
+    assert [r["score"] for r in fine] == [1.0] * len(rows), [r["reason"] for r in fine]
+
+
+@pytest.mark.parametrize("bad", SURROGATES[:3])
+def test_tests_that_are_not_valid_text_fail_the_problem_without_raising(box, bad):
+    echo = "import sys\nsys.stdout.write(sys.stdin.read())\n"
+    bad_input = json.dumps({"inputs": ["1\n", f"a{bad}\n"], "outputs": ["1\n", "a\n"]}, ensure_ascii=True)
+    bad_output = json.dumps({"inputs": ["1\n", "2\n"], "outputs": ["1\n", f"2{bad}\n"]})
+    out = score_code_batch([_fence(echo)] * 2, [bad_input, bad_output], sandbox=box)
+    assert [r["score"] for r in out] == [0.0, 0.0], out
+    assert out[0]["reason"].startswith("unusable tests: test 2's input is not valid text"), out[0]
+    assert out[1]["reason"].startswith("unusable tests: test 2's expected output is not valid text"), out[1]
+    # In arguments and returned values of function calls it is a Python string like any other: both judges
+    # compare it with ==, and it reaches the sandbox as a JSON escape, so the right answer is paid.
+    call = json.dumps([{"type": "function_call", "fn_name": "f", "input": [f"a{bad}"], "output": [f"a{bad}b"]}])
+    lcb = json.dumps([{"input": json.dumps(f"a{bad}"), "output": json.dumps(f"a{bad}b"), "testtype": "functional",
+                       "metadata": {"func_name": "f"}}])
+    answers = ["def f(s):\n    return s + 'b'\n", "def f(s):\n    return s\n"]
+    out = score_code_batch([_fence(a) for a in answers] * 2, [call, call, lcb, lcb], sandbox=box)
+    assert [r["score"] for r in out] == [1.0, 0.0, 1.0, 0.0], [r["reason"] for r in out]
+    # HumanEval test code or prompt that is not valid text: the problem scores 0 with a reason
+    he = {"prompt": f"def f(x):\n    '''{bad}'''\n", "entry_point": "f",
+          "test": f"def check(candidate):\n    assert candidate(2) == 2  # {bad}\n"}
+    (r,) = score_code_batch([_fence("def f(x):\n    return x\n")], [he], sandbox=box)
+    assert r["score"] == 0.0 and r["reason"], r
+
+
+def test_the_sandbox_itself_never_raises_on_bad_text(box):
+    """Sandbox.submit (for callers other than the scorer): a lone surrogate goes in as surrogatepass bytes, not
+    UTF-8, so Python refuses the program and a program reads the input as those bytes."""
+    (refused,) = box.run("print(1)  # \ud800\n", [""])
+    assert refused.status == "ok" and refused.exit_code == 1 and b"SyntaxError" in refused.stderr, refused
+    (read,) = box.run("import sys\nprint(sys.stdin.buffer.read())\n", ["a\ud800b"])
+    assert read.exited_ok and read.stdout.strip() == repr(b"a\xed\xa0\x80b").encode(), read
+
+
+# ----- 11. writable space is bounded by the memory limit, without cgroups too -------------------------------
+# Each spelling fills a place with files of 8 MiB (under RLIMIT_FSIZE) to a total past the memory limit, then
+# prints ok. Before issue 33, /dev/shm, /dev and / were tmpfs of half the host's RAM, and all were paid.
+FILL_MB = 96
+FILLS = {
+    "dev_shm": "d = '/dev/shm'\n",
+    "dev_shm_subdir": "import os\nd = '/dev/shm/a/b'\nos.makedirs(d)\n",
+    "dev": "d = '/dev'\n",
+    "root": "d = '/'\n",
+    "tmp": "d = '/tmp'\n",
+    "cwd": "import os\nd = os.getcwd()\n",
+}
+FILL_BODY = ("import os\nkeep = []\nfor i in range({n}):\n    p = os.path.join(d, 'f%d' % i)\n    f = open(p, 'wb')\n"
+             "    for _ in range(8):\n        f.write(b'x' * (1 << 20))\n    f.flush()\n{unlink}    keep.append(f)\n"
+             "print('ok')\n")
+
+
+@pytest.fixture(scope="module")
+def fill_box():
+    sandbox = started_sandbox(SandboxConfig(slots=2, cgroup="off", test_timeout_s=20.0, problem_timeout_s=40.0,
+                                            memory_mb=FILL_MB))
+    assert sandbox.isolation == "rlimits"
+    yield sandbox
+    sandbox.close()
+
+
+def test_filling_writable_space_past_the_memory_limit_is_not_paid(fill_box):
+    gt = json.dumps({"inputs": ["\n"], "outputs": ["ok\n"]})
+    n = FILL_MB // 8 + 2
+    answers = [FILLS[k] + FILL_BODY.format(n=n, unlink="") for k in sorted(FILLS)]
+    answers += [FILLS[k] + FILL_BODY.format(n=n, unlink="    os.unlink(p)  # held open: its pages stay\n")
+                for k in ("dev_shm", "tmp")]
+    out = _score_all(fill_box, answers, gt)
+    assert [r["score"] for r in out] == [0.0] * len(answers), [r["reason"] for r in out]
+    assert all(r["reason"] == "runtime error (OSError)" for r in out), [r["reason"] for r in out]
+    # what a program may rightly do there: a few MiB in /tmp or /dev/shm, multiprocessing's semaphores
+    right = [FILLS[k] + FILL_BODY.format(n=1, unlink="") for k in ("dev_shm", "dev_shm_subdir", "tmp", "cwd")]
+    right.append("import multiprocessing as mp\nlock = mp.Lock()\nwith lock:\n    print('ok')\n")
+    out = _score_all(fill_box, right, gt)
+    assert [r["score"] for r in out] == [1.0] * len(right), [r["reason"] for r in out]

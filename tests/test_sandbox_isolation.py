@@ -474,10 +474,7 @@ def test_filling_a_mount_past_the_memory_limit_fails(rlimits_box, where):
     assert name.decode() == errno.errorcode[WRITABLE[where]], result
     # a sized tmpfs stops at the memory limit (the mount asked for 4x more), a read-only one at once
     assert int(written) <= (FILL_MEMORY_MB if WRITABLE[where] == errno.ENOSPC else 0), result
-    tests = json.dumps({"inputs": ["\n"], "outputs": ["ok %d\n" % (8 * files)]})
-    out = compute_code_score(None, _fence(FILL.format(files=files, where=where)), tests, sandbox=rlimits_box)
-    assert out["score"] == 0.0 and out["reason"] == "exit code 1", out  # before: "ok 112" was printed, and paid
-    assert leftovers(rlimits_box) == []
+    assert leftovers(rlimits_box) == []  # (scored, with more spellings: test_code_reward_hacks.py, class 11)
 
 
 def test_the_writable_mounts_are_sized_and_the_rest_read_only():

@@ -49,8 +49,9 @@ the same rule and the types of the benchmarks' judges (:func:`~gapo.rewards.code
 returned top-level tuple reads as a list, nothing else changes type, so a set is not a list and a nested tuple
 is not a list; ``True`` is not ``1``; TACO/PrimeIntellect also accept the bare value for a one-element expected
 list). Every result has a ``reason`` (``""`` when passed); a program's failure, whatever it printed, is a score
-of 0, never an exception. Parsing is linear in the output's size (no regex that backtracks, numeric tokens
-longer than ``NUM_TOKEN_MAX`` are compared as text).
+of 0, never an exception; so is an answer whose code is not valid text (a lone surrogate, which no file can
+hold), and a test whose input or expected output is not (:func:`utf8`). Parsing is linear in the output's size
+(no regex that backtracks, numeric tokens longer than ``NUM_TOKEN_MAX`` are compared as text).
 """
 
 from __future__ import annotations
@@ -289,6 +290,17 @@ def build_program(problem: CodeProblem, code: str) -> str:
     future, body = _hoist_future(problem.prompt + "\n" + code)
     return RUNNER.format(codec=CODEC_SRC, prelude="", sources=(future + body, code), fn=problem.entry_point,
                          allow_class=False)
+
+
+def utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8, the only form in which the sandbox takes a program or an input. Text that UTF-8 cannot
+    hold (a lone surrogate such as ``'\\ud800'``: no file, no judge's input, holds one) raises ``ValueError``
+    naming ``what`` and where; the scorer turns it into a failed row with that reason."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid text: {text[exc.start]!r} at character {exc.start} cannot be "
+                         f"encoded as UTF-8") from None
 
 
 def _output_cap(expected_len: int, config: SandboxConfig) -> int:
@@ -617,6 +629,12 @@ class CodeBatchScorer:
                 item.done = True
                 item.result = _result(False, format_error=True, total=len(selected),
                                       reason=_format_reason(solution_strs[i], think))
+                continue
+            try:
+                utf8(code, "the program")  # a failed program, before anything runs (it could not be a file)
+            except ValueError as exc:
+                item.done = True
+                item.result = _result(False, total=len(selected), reason=str(exc))
         self._pending = sum(not item.done for item in self._items)
         self._rounds = math.ceil(max(self._pending, 1) / self._box.config.slots)
         self._received = [0] * len(self._items)
@@ -651,13 +669,16 @@ class CodeBatchScorer:
         p = item.problem
         try:
             if p.kind == "stdio":
-                inputs = [p.inputs[j] for j in item.selected]
+                inputs = [utf8(p.inputs[j], f"test {n}'s input") for n, j in enumerate(item.selected, 1)]
                 caps = [_output_cap(len(p.outputs[j]), cfg) for j in item.selected]
+                for n, j in enumerate(item.selected, 1):  # an expected output no program can print
+                    if not p.outputs[j].isascii():
+                        utf8(p.outputs[j], f"test {n}'s expected output")
             else:
                 inputs = [json.dumps([[_tag(p.inputs[j]), {"d": []}]]) for j in item.selected]
                 caps = [_result_cap(len(json.dumps(p.outputs[j], default=str)), 1, 0, cfg) for j in item.selected]
         except (ValueError, TypeError, RecursionError) as exc:
-            self._finish(i, False, f"unusable test inputs: {exc}")
+            self._finish(i, False, f"unusable tests: {exc}")
             return
         if not inputs:  # a problem without tests cannot be verified: it scores 0
             self._finish(i, False, "no tests")

@@ -85,6 +85,11 @@ def _default_interpreter() -> str:
     return os.path.realpath(sys.executable)
 
 
+def _bytes(text: str | bytes) -> bytes:
+    # surrogatepass: a lone surrogate becomes bytes that are not UTF-8 (see Sandbox.submit), never an exception
+    return text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -355,13 +360,17 @@ class Sandbox:
     def submit(self, program: str | bytes, inputs: Sequence[str | bytes], *, output_caps: Sequence[int] | None = None,
                test_timeout_s: float | None = None, problem_timeout_s: float | None = None,
                memory_mb: int | None = None, sink: queue.Queue | None = None, tag=None) -> Job:
-        """Run ``program`` once per input (fed on stdin). Results go to ``sink`` (a new queue if none)."""
+        """Run ``program`` once per input (fed on stdin). Results go to ``sink`` (a new queue if none).
+
+        Text (``str``) is written as UTF-8; what UTF-8 cannot hold (a lone surrogate) is written as its
+        ``surrogatepass`` bytes, which are not UTF-8: Python refuses such a program (SyntaxError, a failed run) and
+        a program gets such an input as those bytes, never an exception here. (The code reward refuses such
+        programs and inputs before they get here, with a reason: :func:`gapo.rewards.code.score.utf8`.)"""
         if os.getpid() != self._pid:
             raise RuntimeError("a Sandbox cannot be used across fork(); create one in the child (get_sandbox())")
-        program = program.encode() if isinstance(program, str) else bytes(program)
+        program = _bytes(program)
         caps = list(output_caps) if output_caps is not None else [self.config.max_output_bytes] * len(inputs)
-        tests = [(x.encode() if isinstance(x, str) else bytes(x), min(int(c), self.config.max_output_bytes))
-                 for x, c in zip(inputs, caps, strict=True)]
+        tests = [(_bytes(x), min(int(c), self.config.max_output_bytes)) for x, c in zip(inputs, caps, strict=True)]
         limits = self.config.limits(test_timeout_s, problem_timeout_s, memory_mb)
         sink = sink if sink is not None else queue.Queue()
         with self._lock:
