@@ -19,6 +19,14 @@ end-of-file on the input pipe ends the worker, so it also exits when the parent 
 
 What is checked on top of ``verify(gold, pred)`` (each rule closes a way to be paid for a non-answer):
 
+- **Only latex2sympy's reading counts.** The prediction is parsed with LaTeX extraction only and without
+  math-verify's unit removal (which deletes any trailing ``\text{}``; the reward strips units itself, from a
+  whitelist): when latex2sympy refuses the answer, it is ``unparsed``, never the number math-verify's plain-text
+  fallback finds in it (``7 \uparrow 8`` was 8), nor the last side of an equation chain it retried. A gold
+  latex2sympy cannot read is compared as text only (its fallback number, 0 in ``\{x \mid x > 0\}``, is not
+  its value). See :mod:`gapo.rewards.math.understood` for the whitelist that runs before.
+- **Either side, either vector notation.** ``7 = x`` is read as ``x = 7``; a tuple answers a one-column or
+  one-row matrix gold and the reverse, when the sizes agree.
 - **Decimals are exact.** Every float in the prediction (and then in the gold) is replaced by the exact
   rational its digits write, and the comparison runs with no float in it, at a numeric precision
   (``EXACT_DIGITS``) above any digit count an answer under the length cap can hold. So ``0.5`` equals
@@ -36,8 +44,8 @@ What is checked on top of ``verify(gold, pred)`` (each rule closes a way to be p
   equal: math-verify reads ``2+2=7`` as its right side 7.
 - **Set operators join sets.** A prediction with ``\cup``, ``\cap`` or ``\setminus`` whose parse holds no
   set (``7 \cup 8``, read as 8) is refused (``unknown_operator``).
-- **A set is not a tuple.** A prediction written as a set ``\{...\}`` never matches a gold that is a
-  tuple or an open interval ``(a, b)`` (math-verify compares them element by element).
+- **A set is not a tuple.** A prediction written as a set ``\{...\}``, named or not (``S = \{1, 2\}``), never
+  matches a gold that is a tuple or an open interval ``(a, b)`` (math-verify compares them element by element).
 """
 
 import os
@@ -63,6 +71,10 @@ EXACT_DIGITS = 500
 CONSTANT_DIGITS = 60  # digits when deciding that an equation's constant sides differ
 _SET_OPERATOR = re.compile(r"\\(?:cup|cap|setminus)(?![A-Za-z])")
 _SET_BRACE = re.compile(r"^\s*(?:\\left\s*)?(?:\\\{|\\lbrace\b)")
+# what a named value's text is after: ``S = \{1, 2\}``, ``x \in \{1, 2\}``
+_NAMED_VALUE = re.compile(r"^\s*[A-Za-z](?:_\{?\w+\}?)?\s*(?:=|\\in(?![A-Za-z]))")
+# math-verify's own split for its last-equation retry (``a = b = c`` that fails is read as ``c``)
+_EQUATION_SPLIT = re.compile(r"(?<!\\|<|!|>)=")
 HOOK_PREFIX = "__gapo_test_hook__:"  # requests with this gold drive test behaviours (only when enabled)
 
 
@@ -229,9 +241,53 @@ def _holds_set(expr) -> bool:
         return False
 
 
+def _variable_first(pred, params: set):
+    """``7 = x`` as ``x = 7`` (math-verify reads an equation against a value by its right side); items of a set or
+    tuple too. Anything else is returned as it is."""
+    from sympy import Eq, FiniteSet, Tuple
+
+    if isinstance(pred, (FiniteSet, Tuple)):
+        items = [_variable_first(item, params) for item in pred.args]
+        return pred if list(items) == list(pred.args) else pred.func(*items)
+    if isinstance(pred, Eq) and _variables(pred.rhs) is not None and _variables(pred.lhs) is None \
+            and not (_free_symbols(pred.lhs) - params):
+        return Eq(pred.rhs, pred.lhs, evaluate=False)
+    return pred
+
+
+def _vector_as_gold(gold, pred):
+    """A vector in the gold's notation: a tuple ``(1, 2, 3)`` (or the open interval ``(1, 2)``) for a one-column or
+    one-row matrix gold, and such a matrix for a tuple gold; ``pred`` as it is otherwise, or when the sizes differ."""
+    from sympy import Interval, MatrixBase, Tuple
+
+    def entries(x):
+        if isinstance(x, Tuple):
+            return list(x)
+        if isinstance(x, Interval) and x.left_open and x.right_open:
+            return [x.start, x.end]
+        if isinstance(x, MatrixBase) and 1 in x.shape and len(x) > 1:
+            return list(x)
+        return None
+
+    values = entries(pred)
+    if values is None or isinstance(pred, type(gold)):
+        return pred
+    if isinstance(gold, MatrixBase) and 1 in gold.shape and len(gold) == len(values):
+        return gold.__class__(values).reshape(*gold.shape)
+    if isinstance(gold, Tuple) and isinstance(pred, MatrixBase) and len(gold) == len(values):
+        return Tuple(*values)
+    return pred
+
+
+def _named_value_text(pred_text: str) -> str:
+    """The text of a value after its name: ``\\{1, 2\\}`` for ``S = \\{1, 2\\}``; the text itself otherwise."""
+    m = _NAMED_VALUE.match(pred_text)
+    return pred_text[m.end():] if m else pred_text
+
+
 def form_error(gold, pred, pred_text: str, tolerant: bool) -> str:
     """Why ``pred`` cannot be right whatever math-verify says ('' if no rule applies); see the docstring."""
-    from sympy import FiniteSet, Interval, Set, Tuple
+    from sympy import Eq, FiniteSet, Interval, Set, Tuple
 
     if _SET_OPERATOR.search(pred_text) and not _holds_set(pred):
         return "unknown_operator"  # ``7 \cup 8`` read as 8: a set operator between values has no value
@@ -250,9 +306,10 @@ def form_error(gold, pred, pred_text: str, tolerant: bool) -> str:
                 return "unsolved_relation"
         elif _is_condition(item) and not gold_wants_condition and not _is_solved(item, params):
             return "unsolved_relation"
-    if isinstance(pred, FiniteSet) and (isinstance(gold, Tuple) or (isinstance(gold, Interval) and gold.is_open)) \
-            and _SET_BRACE.match(pred_text):
-        return "wrong"
+    value = pred.rhs if isinstance(pred, Eq) and _variables(pred.lhs) is not None else pred
+    if isinstance(value, FiniteSet) and (isinstance(gold, Tuple) or (isinstance(gold, Interval) and gold.is_open)) \
+            and _SET_BRACE.match(_named_value_text(pred_text)):
+        return "wrong"  # ``\{1, 2\}`` or ``S = \{1, 2\}`` for the pair (1, 2): a set is not ordered
     return ""
 
 
@@ -273,9 +330,15 @@ class Checker:
         # math-verify warns once when its alarms are off, and on every parse failure at debug level:
         # the alarm below replaces its timeouts, and failures are reported through the status.
         logging.getLogger("math_verify").setLevel(logging.ERROR)
-        from math_verify import parse, verify
+        from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
+        from math_verify import LatexExtractionConfig, parse, verify
 
         self._parse, self._verify = parse, verify
+        # The prediction is read by latex2sympy only (no number fished out of text it refused) and math-verify's
+        # unit removal is off (it deletes any trailing \text{}): the reward strips units itself, from a whitelist.
+        self._latex_only = [LatexExtractionConfig()]
+        self._pred_config = [LatexExtractionConfig(normalization_config=NormalizationConfig(
+            basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False))]
         self.soft_timeout_s = soft_timeout_s
         self.hooks = hooks
         self._gold = OrderedDict()
@@ -284,25 +347,41 @@ class Checker:
         form_error(_sympy_item(self._parse("$1$", parsing_timeout=None)), _sympy_item(
             self._parse("$x = 1$", parsing_timeout=None)), "x = 1", False)  # sympy's relational code
 
-    def _parse_math(self, text: str):
+    def _parse_math(self, text: str, config=None):
         # Inline-math delimiters: measured best wrapping (``\boxed{}`` loses ``25\%``, bare text loses
         # ``\frac12`` and intervals); see gapo.rewards.math.answer.
-        return self._parse("$" + text + "$", parsing_timeout=None)
+        if config is None:
+            return self._parse("$" + text + "$", parsing_timeout=None)
+        return self._parse("$" + text + "$", extraction_config=config, parsing_timeout=None)
+
+    def _parse_pred(self, pred: str):
+        """latex2sympy's reading of the whole answer, or ``[]`` / ``[text]`` if it refused some of it."""
+        parsed = self._parse_math(pred, self._pred_config)
+        expr = _sympy_item(parsed)
+        if expr is not None and len(_EQUATION_SPLIT.split(_string_item(parsed))) > 2 \
+                and "," not in pred and ";" not in pred and _relation_atoms(expr) is None:
+            # ``a = b = c`` that latex2sympy refused, retried by math-verify on its last side ``c``
+            return [_string_item(parsed)]
+        return parsed
 
     def _parsed_gold(self, gold: str):
+        r"""(parse, whether latex2sympy read all of it). A gold it could not read is compared as text only: the
+        number math-verify's fallback finds in it (0 in ``\{x \mid x > 0\}``) is not its value."""
         if gold in self._gold:
             self._gold.move_to_end(gold)
             return self._gold[gold]
         try:
-            parsed = self._parse_math(gold)
+            parsed, understood = self._parse_math(gold, self._latex_only), True
+            if _sympy_item(parsed) is None:
+                parsed, understood = [x for x in self._parse_math(gold) if isinstance(x, str)], False
         except SoftTimeout:
             # Remembered as unparseable: the k rollouts of this prompt then fail fast, not k alarms.
-            self._gold[gold] = []
+            self._gold[gold] = ([], False)
             raise
-        self._gold[gold] = parsed
+        self._gold[gold] = (parsed, understood)
         if len(self._gold) > GOLD_CACHE_SIZE:
             self._gold.popitem(last=False)
-        return parsed
+        return parsed, understood
 
     def _hook(self, command: str):
         """Test behaviours: ``sleep_blocked:S`` ignores the alarm for S seconds (a stuck worker)."""
@@ -325,6 +404,8 @@ class Checker:
         gold, pred = _sympy_item(parsed_gold), _sympy_item(parsed_pred)
         if pred is None or gold is None:
             return self._equal(parsed_gold, parsed_pred), "wrong"
+        pred = _vector_as_gold(gold, _variable_first(pred, _free_symbols(gold)))
+        parsed_pred = _with_item(parsed_pred, pred)
         decimals = not tolerant and _has_float(pred)
         exact_pred = _exact(pred) if decimals else pred
         reason = form_error(gold, exact_pred, _string_item(parsed_pred), tolerant)
@@ -351,10 +432,13 @@ class Checker:
         try:
             signal.setitimer(signal.ITIMER_REAL, self.soft_timeout_s)
             try:
-                parsed_gold = self._parsed_gold(gold)
+                parsed_gold, gold_understood = self._parsed_gold(gold)
                 if not parsed_gold:
                     return "error", False, "gold not parsed"
-                parsed_pred = self._parse_math(pred)
+                parsed_pred = self._parse_pred(pred)
+                if _sympy_item(parsed_pred) is None and gold_understood:
+                    # latex2sympy refused the answer: whatever else math-verify would read in it is not its value
+                    return "ok", False, "unknown_operator" if _SET_OPERATOR.search(pred) else "unparsed"
                 if not parsed_pred:
                     return "ok", False, "unparsed"
                 equal, reason = self.compare(parsed_gold, parsed_pred, tolerant)

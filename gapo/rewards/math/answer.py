@@ -24,12 +24,30 @@ reading would pay for an answer that is not one), applied in this order:
    alone is 7), vulgar fractions become ``\\frac{}{}`` (``3½`` is 7/2), then NFKC (fullwidth ``７``,
    math-bold ``𝟕``, circled ``⑦`` -> ``7``) and every other Unicode decimal digit (Arabic-Indic
    ``٧``, Devanagari ``७``, ...) becomes its ASCII digit. Gold answers get the same normalisation.
+   Unicode math is then written as the LaTeX it stands for (:func:`gapo.rewards.math.latex.unicode_math`):
+   ``√2`` is ``\\sqrt{2}``, ``π`` ``\\pi``, ``≤`` ``\\leq``, ``×`` ``\\times``, ``°`` ``^{\\circ}``, Greek letters
+   their macros; a non-breaking or thin space is a space, and so is TeX's tie ``~`` (``\\boxed{~7}`` is 7).
 4. **Caps** (before any parsing; math-verify's cost grows with nesting, ~0.1 s per level):
    at most ``MAX_ANSWER_CHARS`` characters and ``MAX_ANSWER_DEPTH`` nested brackets ``( [ {``.
    Over a cap: score 0, ``format_error``.
 5. **Equivalence.** ``verify(parse(gold), parse(pred))``, gold first, each wrapped as inline math
    ``$...$`` (measured on the case table: ``\\boxed{}`` wrapping misreads ``25\\%``, bare text misreads
    ``\\frac12`` and intervals), with these rules on top of math-verify (see ``gapo.rewards.math._worker``):
+
+   - *only what the parser understood is graded* (:mod:`gapo.rewards.math.understood`, before math-verify):
+     every token of the answer, once known-meaningless formatting is stripped, must be one latex2sympy
+     understands (a whitelist checked against its lexer) or one the gold uses; an unknown macro or sign, prose in
+     ``\\text{}``, two numbers side by side (``7 \\quad 8``), a group holding only a relation (``{\\geq} 7``)
+     score 0 with reason ``unparsed``. The worker grades only latex2sympy's reading of the whole prediction, never
+     a number math-verify's fallback found in text the parser refused;
+   - *a computation restated is not done* (reason ``unevaluated``): ``\\sum``, ``\\prod``, ``\\int``, ``\\lim``,
+     binomial coefficients, a factorial of anything but an integer up to 6 (``5!`` for 120 is right, ``7!`` for
+     5040 is not), unless the gold uses the same operation; and, for a plain-number gold, the problem's own
+     expression (``problem``: ``extra_info["problem"]``);
+   - *right answers in other notations*: digit groups (``1 000 000``), repeating decimals (``0.\\overline{3}``,
+     ``0.\\dot{3}``, ``0.(3)``), a final percent sign, units (``12 \\text{ cm}``) and a lead-in
+     (``\\text{The answer is }``) are read as math-verify read them; an equation may name its variable on either
+     side (``7 = x`` for 7); a vector may be a tuple or a one-column (one-row) matrix, whichever the gold uses;
 
    - *decimals are exact*: a decimal in the prediction means the exact number it writes (``0.5`` is
      1/2, ``1.414214`` is 1414214/10^6), so it is right only if it equals the gold exactly: ``2.5`` for
@@ -45,7 +63,7 @@ reading would pay for an answer that is not one), applied in this order:
      equation against a value keeps math-verify's reading (``x = 7`` for 7: its right side);
    - *an equation must be true*: one whose constant sides differ (``2+2=7``, ``x = 3 = 4``) is wrong
      (``false_equation``); a true one is read by its last side (``2+2=4`` for 4 is right);
-   - *a set is not a tuple*: ``\\{1, 2\\}`` for the pair / interval ``(1, 2)`` is wrong.
+   - *a set is not a tuple*: ``\\{1, 2\\}`` or ``S = \\{1, 2\\}`` for the pair / interval ``(1, 2)`` is wrong.
    - *a statement is not a value* (:mod:`gapo.rewards.math.latex`, checked before math-verify): a relation
      with no side (``\\geq 7``: ``sideless_relation``), a negation with no left side (``\\ne 7``: ``negated``),
      and statements or value-less operators math-verify reads as one of their sides (``7 \\mid 8``,
@@ -65,7 +83,8 @@ custom-reward shape: ``score`` (1.0 / 0.0), ``acc`` (bool), ``pred`` (the extrac
 reward loop requires.
 
 Options (``reward.custom_reward_function.reward_kwargs``, or per row in ``extra_info``, which wins):
-``require_think`` (default off, rule 1) and ``numeric_tolerance`` (default off, rule 5).
+``require_think`` (default off, rule 1) and ``numeric_tolerance`` (default off, rule 5). A row's
+``extra_info["problem"]`` (written by ``gapo.data.prepare_math``) feeds the restated-computation rule.
 """
 
 from __future__ import annotations
@@ -79,8 +98,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gapo.rewards import register_result_key
-from gapo.rewards.math.latex import evaluate_modulo, operator_error, strip_formatting, unicode_operators
+from gapo.rewards.math.latex import evaluate_modulo, operator_error, strip_formatting, unicode_math
 from gapo.rewards.math.latex import match_braces as _match_braces
+from gapo.rewards.math.understood import UNEVALUATED, UNPARSED, not_understood, restated, strip_units
 from gapo.rewards.math.verify_pool import Verdict, VerifyPool, get_pool
 
 logger = logging.getLogger(__name__)
@@ -96,7 +116,8 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FORMAT_REASONS = ("truncated", "no_box", "empty_box", "box_in_answer", "math_delimiter", "too_long", "too_deep")
 REASONS = FORMAT_REASONS + (
     "wrong",  # parsed, graded, not equal
-    "unparsed",  # math-verify read nothing in the answer
+    "unparsed",  # something the parser does not understand (would drop or misread), or nothing read at all
+    "unevaluated",  # a computation restated, not done: \sum, \int, 7!, the problem's own expression
     "inexact_decimal",  # a decimal that only approximates an exact gold (see numeric_tolerance)
     "unsolved_relation",  # a condition restated instead of solved
     "sideless_relation",  # a relation with no side: \geq 7 is "at least 7", not 7 (gapo.rewards.math.latex)
@@ -122,8 +143,19 @@ _WRAPPED_MATH = re.compile(r"^\\\((.*)\\\)$|^\\\[(.*)\\\]$", re.DOTALL)
 _THOUSANDS_SEP = re.compile(r"(?<=\d)(?:\\,|\{,\})(?=\d{3}(?!\d))")
 # ``1.5e6`` reads as 1.5 * e * 6 to math-verify; a whole-answer number in e-notation becomes ``\times 10^{}``.
 _E_NOTATION = re.compile(r"^([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)[eE]([+-]?\d+)$")
-# ``0.\overline{3}`` / ``0.1\overline{6}`` / ``1.\overline 3``: math-verify reads these as 0, 0.1*bar, ...
-_REPEATING = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\overline\s*(?:\{\s*(\d+)\s*\}|(\d))")
+# Repeating decimals, which math-verify reads as 0, 0.1*bar, ... or not at all: ``0.\overline{3}``, ``1.\overline 3``,
+# ``0.\dot{3}``, ``0.\dot{1}4285\dot{7}`` (dots over the period's first and last digits), ``0.1(6)``.
+_DIGIT = r"(?:\{\s*(\d)\s*\}|(\d))"
+_REPEATING = re.compile(r"(?<![\d.])(\d*)\.(\d*)(?:\\overline\s*(?:\{\s*(\d+)\s*\}|(\d))"
+                        rf"|\\dot\s*{_DIGIT}(?:(\d*)\\dot\s*{_DIGIT}|(?!\d))|\((\d+)\)(?![\d.]))")
+# Digit groups: ``1 000 000``, ``10~000``, ``1\ 000`` (a non-breaking or thin space is a space after NFKC)
+_DIGIT_GROUPS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:\s|~|\\ )+\d{3})+(?![\d])")
+_GROUP_SPACE = re.compile(r"(?:\s|~|\\ )+")
+_UNESCAPED_TIE = re.compile(r"(?<!\\)~")  # TeX's non-breaking space
+_LBRACE, _RBRACE = re.compile(r"\\lbrace(?![A-Za-z])\s*"), re.compile(r"\\rbrace(?![A-Za-z])\s*")
+_LEADING_EQUALS = re.compile(r"^\s*=(?!=)")  # ``= 7`` says the value
+# A percent sign ending the answer or an item: math-verify's parser fails on ``25\%`` and its fallback read 25.
+_PERCENT_END = re.compile(r"\s*(?:\\%|(?<!\\)%)(?=\s*(?:$|,|;|\)|\]|\\right))")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _DEGREE_LOOKALIKES = {"\u00ba": "\u00b0", "\u02da": "\u00b0"}  # ordinal o and ring above, written for degrees
 _SLASHES = {"\u2044": "/", "\u2215": "/"}  # fraction slash, division slash
@@ -286,24 +318,34 @@ def has_math_delimiter(answer: str) -> bool:
 
 
 def _repeating_to_fraction(m: re.Match) -> str:
-    whole, fixed, period = m.group(1), m.group(2), m.group(3) or m.group(4)
+    whole, fixed = m.group(1), m.group(2)
+    period = (m.group(3) or m.group(4) or m.group(9) or
+              (m.group(5) or m.group(6) or "") + (m.group(7) or "") + (m.group(8) or m.group(10) or ""))
+    if m.group(9) is None and m.group(7) is not None and not (m.group(8) or m.group(10)):
+        return m.group()  # a first dot without its last: not a notation known here
     value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed))
     value += Fraction(int(period), 10 ** len(fixed) * (10 ** len(period) - 1))
     return str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
 
 
 def normalize_answer(answer: str) -> str:
-    """Cheap rewrites math-verify does not do itself: no ``$``, Unicode relation signs as macros (``≥`` is
-    ``\\geq``), no formatting macros (colour, weight, underline,
-    spacing: :func:`gapo.rewards.math.latex.strip_formatting`), thousands separators, e-notation, repeating
-    decimals, integer residues (``15 \\bmod 8`` is 7), no final period."""
-    answer = strip_formatting(unicode_operators(_UNESCAPED_DOLLAR.sub("", answer).strip()))
+    """Cheap rewrites math-verify does not do itself: no ``$``, TeX ties ``~`` as spaces, Unicode math as LaTeX
+    (``≥`` is ``\\geq``, ``√2`` is ``\\sqrt{2}``: :func:`gapo.rewards.math.latex.unicode_math`), no formatting macros
+    (colour, weight, underline, size, spacing: :func:`gapo.rewards.math.latex.strip_formatting`), digit groups and
+    thousands separators, repeating decimals, a leading ``=``, a final percent sign, units and a lead-in text at the
+    end or start (:func:`gapo.rewards.math.understood.strip_units`), e-notation, integer residues
+    (``15 \\bmod 8`` is 7), no final period."""
+    answer = _UNESCAPED_TIE.sub(" ", _UNESCAPED_DOLLAR.sub("", answer))
+    answer = strip_formatting(unicode_math(answer.strip()))
     if answer.endswith(".") and not answer.endswith(".."):  # "7." is 7; "1, 2, ..." keeps its dots
         answer = answer[:-1].rstrip()
     answer = answer.replace("\\varnothing", "\\emptyset")  # math-verify knows only the latter
+    answer = _LBRACE.sub("\\{", _RBRACE.sub("\\}", answer))  # latex2sympy reads only \{ \} as a set's braces
     answer = _THOUSANDS_SEP.sub(lambda m: "," if m.group() == "{,}" else "", answer)
-    if "\\overline" in answer:
+    answer = _DIGIT_GROUPS.sub(lambda m: _GROUP_SPACE.sub("", m.group()), answer)
+    if "." in answer:
         answer = _REPEATING.sub(_repeating_to_fraction, answer)
+    answer = strip_units(_PERCENT_END.sub("", _LEADING_EQUALS.sub("", answer))).strip()
     m = _E_NOTATION.match(answer)
     if m:
         answer = f"{m.group(1)}\\times 10^{{{int(m.group(2))}}}"
@@ -418,15 +460,20 @@ def _per_item(value, n: int, name: str) -> list[bool]:
 
 
 def score_math_batch(responses: Sequence[str], ground_truths: Sequence, *, require_think=False,
-                     numeric_tolerance=False, pool: VerifyPool | None = None) -> list[dict]:
+                     numeric_tolerance=False, problems: Sequence[str | None] | None = None,
+                     pool: VerifyPool | None = None) -> list[dict]:
     """Score many responses at once: extraction here, all equivalence checks in parallel in the pool.
 
     ``require_think`` / ``numeric_tolerance``: one bool for all items, or a sequence with one per item.
+    ``problems``: each item's problem text (or ``None``), for the restated-computation rule (rule 5).
     Raises only if the lengths disagree; every failure of one item is that item's 0 with a reason.
     """
     n = len(responses)
     if len(ground_truths) != n:
         raise ValueError(f"{n} responses but {len(ground_truths)} ground truths")
+    problems = [None] * n if problems is None else [p if isinstance(p, str) else None for p in problems]
+    if len(problems) != n:
+        raise ValueError(f"{n} responses but {len(problems)} problems")
     think = _per_item(require_think, n, "require_think")
     tolerant = _per_item(numeric_tolerance, n, "numeric_tolerance")
     results: list[dict | None] = []
@@ -447,8 +494,12 @@ def score_math_batch(responses: Sequence[str], ground_truths: Sequence, *, requi
         if ext.error:
             results.append(_result(False, ext.answer or "", format_error=True, reason=ext.error))
             continue
-        refused = operator_error(ext.answer, golds)
-        if refused:  # a statement or a relation's side, never a value: not graded (gapo.rewards.math.latex)
+        # A computation restated, not done; a statement, not a value (gapo.rewards.math.latex); something the
+        # parser would drop or misread (gapo.rewards.math.understood).
+        refused = UNEVALUATED if restated(ext.answer, golds, problems[i]) else operator_error(ext.answer, golds)
+        if not refused and not_understood(ext.answer, golds):
+            refused = UNPARSED
+        if refused:  # never graded as a value
             results.append(_result(False, ext.answer, reason=refused))
             continue
         results.append(None)
@@ -471,10 +522,10 @@ def score_math_batch(responses: Sequence[str], ground_truths: Sequence, *, requi
 
 
 def score_math(response: str, ground_truth, *, require_think: bool = False, numeric_tolerance: bool = False,
-               pool: VerifyPool | None = None) -> dict:
+               problem: str | None = None, pool: VerifyPool | None = None) -> dict:
     """Score one response (thread-safe; callers from many threads share the pool's workers)."""
     return score_math_batch([response], [ground_truth], require_think=require_think,
-                            numeric_tolerance=numeric_tolerance, pool=pool)[0]
+                            numeric_tolerance=numeric_tolerance, problems=[problem], pool=pool)[0]
 
 
 def _option(extra_info, name: str, default) -> bool:
@@ -488,6 +539,12 @@ def _require_think(extra_info, default) -> bool:
     return _option(extra_info, "require_think", default)
 
 
+def _problem(extra_info) -> str | None:
+    """The row's problem text (``extra_info["problem"]``, written by ``gapo.data.prepare_math``), if any."""
+    problem = extra_info.get("problem") if isinstance(extra_info, dict) else None
+    return problem if isinstance(problem, str) else None
+
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, require_think: bool = False,
                   numeric_tolerance: bool = False, **kwargs) -> dict:
     """verl custom-reward signature for math sources.
@@ -497,7 +554,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, requ
     what else verl passes (reward-router settings).
     """
     return score_math(solution_str, ground_truth, require_think=_option(extra_info, "require_think", require_think),
-                      numeric_tolerance=_option(extra_info, "numeric_tolerance", numeric_tolerance))
+                      numeric_tolerance=_option(extra_info, "numeric_tolerance", numeric_tolerance),
+                      problem=_problem(extra_info))
 
 
 def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, require_think: bool = False,
@@ -507,4 +565,5 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=
     return score_math_batch(solution_strs, ground_truths,
                             require_think=[_option(e, "require_think", require_think) for e in extra_infos],
                             numeric_tolerance=[_option(e, "numeric_tolerance", numeric_tolerance)
-                                               for e in extra_infos])
+                                               for e in extra_infos],
+                            problems=[_problem(e) for e in extra_infos])

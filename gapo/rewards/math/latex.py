@@ -1,13 +1,16 @@
 r"""LaTeX an answer may hold that math-verify misreads: formatting to strip, operators and relations to screen.
 
-Two jobs, both before math-verify sees the answer (:mod:`gapo.rewards.math.answer` calls them):
+Three jobs, all before math-verify sees the answer (:mod:`gapo.rewards.math.answer` calls them):
 
+- :func:`unicode_math` writes Unicode math as the LaTeX it stands for (``√2`` -> ``\sqrt{2}``, ``π`` -> ``\pi``,
+  ``≥`` -> ``\geq``, ``°`` -> ``^{\circ}``), so the screens below and the whitelist of
+  :mod:`gapo.rewards.math.understood` see macros;
 - :func:`strip_formatting` removes what changes how an answer looks, not what it says: colour
   (``\textcolor{red}{7}``, ``\color{red}``, ``\colorbox``, ``\fcolorbox``), weight and style (``\bm``,
   ``\boldsymbol``, ``\textbf``, ``\textsf``, ``\texttt``, ``\mathsf``, ...), emphasis and underline
   (``\emph``, ``\underline``, ``\uline``), size and style declarations (``\large``, ``\bf``,
-  ``\displaystyle``), and spacing (``\hspace{1em}``, ``\phantom{0}``: invisible). Nested wrappers are
-  unwrapped to a fixed point: ``\textcolor{red}{\underline{\frac{1}{2}}}`` is ``\frac{1}{2}``. math-verify
+  ``\displaystyle``, ``\big``), and spacing (``\hspace{1em}``, ``\quad``, ``\phantom{0}``: invisible). Nested
+  wrappers are unwrapped to a fixed point: ``\textcolor{red}{\underline{\frac{1}{2}}}`` is ``\frac{1}{2}``. math-verify
   reads ``\mathbf{7}`` but scores ``\textcolor{red}{7}`` or ``\bm{7}`` as nothing.
 - :func:`operator_error` decides, per macro, what a relation or operator math-verify does not evaluate may
   be: math-verify reads ``7 \mid 8`` as 8, ``\geq 7`` as 7, ``\ne 7`` as 7, ``15 \bmod 8`` as 8. Per macro:
@@ -46,7 +49,10 @@ DROPPED_WITH_ARGUMENT = ("color", "hspace", "vspace", "phantom", "hphantom", "vp
 # declarations without an argument
 DECLARATIONS = ("bf", "it", "rm", "sf", "tt", "sl", "em", "bfseries", "itshape", "mdseries", "upshape", "normalfont",
                 "tiny", "scriptsize", "footnotesize", "small", "normalsize", "large", "Large", "LARGE", "huge",
-                "Huge", "displaystyle", "textstyle", "scriptstyle", "scriptscriptstyle")
+                "Huge", "displaystyle", "textstyle", "scriptstyle", "scriptscriptstyle",
+                # delimiter sizes and spacing: ``\big(1, 2\big)`` is (1, 2); ``7 \quad 8`` is two numbers (screened)
+                "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr", "biggl", "biggr", "Biggl", "Biggr",
+                "limits", "nolimits", "quad", "qquad", "enspace", "enskip", "thinspace", "medspace", "thickspace")
 _BRACE_OR_ESCAPE = re.compile(r"[{}\\]")
 _MACRO = re.compile(r"\\([A-Za-z]+)\*?(?![A-Za-z])")
 _OPTIONAL = re.compile(r"\s*\[[^\]]*\]")  # \textcolor[rgb]{...}{...}
@@ -147,12 +153,63 @@ UNICODE_OPERATORS = {
     "\u2276": "\\lessgtr ", "\u2277": "\\gtrless ", "\u00d7": "\\times ", "\u00f7": "\\div ", "\u00b7": "\\cdot ",
     "\u22c5": "\\cdot ", "\u00b1": "\\pm ", "\u2213": "\\mp ", "\u221e": "\\infty ",
 }
+# Unicode values as their macros: pi and the Greek letters latex2sympy knows, big operators, the empty set, angles
+_GREEK_CODES = {"alpha": 0x3B1, "beta": 0x3B2, "gamma": 0x3B3, "delta": 0x3B4, "epsilon": 0x3B5, "zeta": 0x3B6,
+                "eta": 0x3B7, "theta": 0x3B8, "iota": 0x3B9, "kappa": 0x3BA, "lambda": 0x3BB, "mu": 0x3BC, "nu": 0x3BD,
+                "xi": 0x3BE, "omicron": 0x3BF, "pi": 0x3C0, "rho": 0x3C1, "varsigma": 0x3C2, "sigma": 0x3C3,
+                "tau": 0x3C4, "upsilon": 0x3C5, "phi": 0x3C6, "chi": 0x3C7, "psi": 0x3C8, "omega": 0x3C9,
+                "Gamma": 0x393, "Delta": 0x394, "Theta": 0x398, "Lambda": 0x39B, "Xi": 0x39E, "Pi": 0x3A0,
+                "Sigma": 0x3A3, "Upsilon": 0x3A5, "Phi": 0x3A6, "Psi": 0x3A8, "Omega": 0x3A9, "vartheta": 0x3D1,
+                "varphi": 0x3D5, "varpi": 0x3D6, "varrho": 0x3F1, "varepsilon": 0x3F5}
+UNICODE_OPERATORS.update({chr(code): f"\\{name} " for name, code in _GREEK_CODES.items()})
+UNICODE_OPERATORS.update({"\u2211": "\\sum ", "\u220f": "\\prod ", "\u222b": "\\int ", "\u2205": "\\emptyset ",
+                          "\u2220": "\\angle ", "\u25b3": "\\triangle ", "\u2206": "\\Delta ", "\u2126": "\\Omega "})
 _UNICODE_OPERATOR = re.compile("[" + "".join(UNICODE_OPERATORS) + "]")
+# √2, ∛(x+1), 2√3: the radical's argument is braced (``\\sqrt12`` would be math-verify's \\sqrt{1}2)
+_RADICALS = {"\u221a": "\\sqrt", "\u221b": "\\sqrt[3]", "\u221c": "\\sqrt[4]"}
+_RADICAL_ARGUMENT = re.compile(r"\s*(\d+(?:\.\d+)?|[A-Za-z]|\\[A-Za-z]+)")
+_OTHER_SIGNS = {"\u00b0": "^{\\circ}", "\u2032": "'", "\u2033": "''"}  # degree, prime, double prime
+
+
+def _radical(text: str, pos: int) -> tuple[str, int]:
+    """(LaTeX of the radical at ``pos``, end): its argument a braced or parenthesised group, a number, a letter."""
+    macro, start = _RADICALS[text[pos]], pos + 1
+    while start < len(text) and text[start] == " ":
+        start += 1
+    if start < len(text) and text[start] in "({":
+        close, depth = {"(": ")", "{": "}"}[text[start]], 0
+        for end in range(start, len(text)):
+            depth += {text[start]: 1, close: -1}.get(text[end], 0)
+            if depth == 0:
+                return f"{macro}{{{text[start + 1:end]}}}", end + 1
+    m = _RADICAL_ARGUMENT.match(text, pos + 1)
+    return (f"{macro}{{{m.group(1)}}}", m.end()) if m else (macro + " ", pos + 1)
 
 
 def unicode_operators(text: str) -> str:
     """``≥ 7`` -> ``\\geq 7``: each sign of ``UNICODE_OPERATORS`` as its macro (what it means, screened below)."""
     return _UNICODE_OPERATOR.sub(lambda m: UNICODE_OPERATORS[m.group()], text) if not text.isascii() else text
+
+
+def unicode_math(text: str) -> str:
+    """Unicode math as LaTeX, before anything parses it: the signs and values of ``UNICODE_OPERATORS`` as macros,
+    radicals with their argument braced (``√2`` -> ``\\sqrt{2}``, ``∛(x+1)`` -> ``\\sqrt[3]{x+1}``), a degree sign
+    as ``^{\\circ}``, primes as ``'``. Whatever non-ASCII is left is not understood
+    (:mod:`gapo.rewards.math.understood`)."""
+    if text.isascii():
+        return text
+    for sign, rep in _OTHER_SIGNS.items():
+        text = text.replace(sign, rep)
+    text = text.replace("^^", "^")  # ``45^°``
+    pos = 0
+    while True:
+        pos = next((i for i in range(pos, len(text)) if text[i] in _RADICALS), -1)
+        if pos < 0:
+            break
+        rep, end = _radical(text, pos)
+        text = text[:pos] + rep + text[end:]
+        pos += len(rep)
+    return unicode_operators(text)
 
 
 def strip_formatting(text: str) -> str:
