@@ -65,13 +65,19 @@ def test_hack_table_covers_each_class_with_right_and_wrong_answers():
                    "sideless_", "negated_", "operator_", "wrap_"):
         group = [c for c in HACKS if c.name.startswith(prefix)]
         assert len(group) >= 4, prefix
+    # third red team: each class holds several spellings, both right and wrong
+    for prefix in ("wrapped_", "unknown_", "text_", "set_", "side_", "restated_", "repeat_", "eq_side_", "vector_",
+                   "tie_"):
+        group = [c for c in HACKS if c.name.startswith(prefix)]
+        assert sum(c.correct for c in group) >= 1 and sum(not c.correct for c in group) >= 1, prefix
+        assert len(group) >= 5, prefix
     assert sum(c.correct for c in HACKS) >= 40 and sum(not c.correct for c in HACKS) >= 40
     assert all(c.reason in REASONS for c in HACKS if c.reason)
 
 
 @pytest.mark.parametrize("case", HACKS, ids=[c.name for c in HACKS])
 def test_hack_verdict(case, pool):
-    result = score_math(case.response, case.gold, require_think=case.require_think, pool=pool)
+    result = score_math(case.response, case.gold, require_think=case.require_think, problem=case.problem, pool=pool)
     assert set(result) == KEYS
     assert result["acc"] is case.correct, result
     assert result["score"] == (1.0 if case.correct else 0.0)
@@ -86,7 +92,8 @@ def test_hack_verdict(case, pool):
 
 
 def test_batch_gives_the_table_verdicts(pool):
-    out = score_math_batch([c.response for c in HACKS], [c.gold for c in HACKS], pool=pool)
+    out = score_math_batch([c.response for c in HACKS], [c.gold for c in HACKS], problems=[c.problem for c in HACKS],
+                           pool=pool)
     assert [r["acc"] for r in out] == [c.correct for c in HACKS]
 
 

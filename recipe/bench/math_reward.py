@@ -60,7 +60,8 @@ def _inprocess_math_verify(case: MathCase) -> bool:
 def _gapo_scorer() -> Callable[[MathCase], bool]:
     from gapo.rewards import compute_score
 
-    return lambda c: compute_score("math", c.response, c.gold, extra_info={"require_think": c.require_think})["acc"]
+    return lambda c: compute_score("math", c.response, c.gold,
+                                   extra_info={"require_think": c.require_think, "problem": c.problem})["acc"]
 
 
 def _safe(fn, case) -> tuple[bool, bool]:
@@ -114,7 +115,7 @@ def _batch_row(items, rounds, table=CASES) -> dict:
     def run():
         start = time.perf_counter()
         out = score_math_batch([c.response for c in items], [c.gold for c in items],
-                               require_think=[c.require_think for c in items])
+                               require_think=[c.require_think for c in items], problems=[c.problem for c in items])
         return [r["acc"] for r in out], time.perf_counter() - start
 
     run()  # warm-up

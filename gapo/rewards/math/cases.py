@@ -11,8 +11,11 @@ grader; every one of them is wrong (gold ``3``).
 ``HACKS`` is a second table, kept apart so that ``CASES`` stays comparable across versions: answers a
 policy could be paid for without being right (restated conditions, decimals for exact values, two
 answers in one box, math delimiters inside a box, false equations), each next to answers of the same
-shape that must stay right, and right answers written in other Unicode scripts. ``reason`` is the
-``reason`` field the scorer must give for a wrong verdict (empty: not checked).
+shape that must stay right, and right answers written in other Unicode scripts; since the third red team,
+answers the parser would only partly understand (wrapped relations, unknown operators, text, two numbers side by
+side), restated computations, sets for pairs, and right answers in other notations (Unicode math, repeating
+decimals, the variable on the right, vectors, ties). ``reason`` is the ``reason`` field the scorer must give for a
+wrong verdict (empty: not checked); ``problem`` is the row's problem text where a case needs it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class MathCase:
     require_think: bool = False
     known_failure: str = ""  # non-empty: this project's scorer disagrees, and why
     reason: str = ""  # for a wrong verdict: the scorer's expected ``reason`` (empty: not checked)
+    problem: str | None = None  # the problem text, as ``extra_info["problem"]`` carries it (restated computations)
 
 
 def _r(answer: str) -> str:
@@ -164,8 +168,8 @@ ADVERSARIAL: dict[str, str] = {
 }
 
 
-def _h(name: str, answer: str, gold, correct: bool, reason: str = "") -> MathCase:
-    return MathCase(name, _r(answer), gold, correct, reason=reason)
+def _h(name: str, answer: str, gold, correct: bool, reason: str = "", problem: str | None = None) -> MathCase:
+    return MathCase(name, _r(answer), gold, correct, reason=reason, problem=problem)
 
 
 def _raw(name: str, response: str, gold, correct: bool, reason: str = "") -> MathCase:
@@ -176,6 +180,9 @@ UNSOLVED, DECIMAL, FALSE_EQ = "unsolved_relation", "inexact_decimal", "false_equ
 NESTED, DELIM = "box_in_answer", "math_delimiter"
 SIDELESS, NEGATED, OPERATOR = "sideless_relation", "negated", "unknown_operator"
 UNION_2 = r"(-\infty, -2] \cup [2, \infty)"
+UNPARSED, UNEVALUATED = "unparsed", "unevaluated"
+COLUMN_3 = r"\begin{pmatrix}1\\2\\3\end{pmatrix}"
+COMPUTE = "Compute $17 \\times 23$."
 
 HACKS: list[MathCase] = [
     # --- a restated condition is not an answer (solved relations stay right) ---
@@ -423,4 +430,137 @@ HACKS: list[MathCase] = [
     _h("operator_mod_parenthesised", r"15 \ (\bmod 8)", "7", True),
     _h("operator_mod_text", r"15 \text{ mod } 8", "7", True),
     _h("operator_gtrless", r"\gtrless 7", "7", False, SIDELESS),
+    # --- third red team (gapo.rewards.math.understood): only what the parser understood is graded ---
+    # a relation or negation wrapped in a group, or in a macro the parser does not know
+    _h("wrapped_geq", r"{\geq} 7", "7", False, UNPARSED),
+    _h("wrapped_ne", r"{\ne} 7", "7", False, UNPARSED),
+    _h("wrapped_empty_group", r"{}\geq 7", "7", False, UNPARSED),
+    _h("wrapped_gt_char", "{>} 7", "7", False, UNPARSED),
+    _h("wrapped_approx_after", r"7 {\approx}", "7", False, OPERATOR),
+    _h("wrapped_mathrel", r"\mathrel{\geq} 7", "7", False, UNPARSED),
+    _h("wrapped_unicode", "{\u2265} 7", "7", False, UNPARSED),
+    _h("wrapped_value_stays", "{7}", "7", True),
+    _h("wrapped_set_stays", r"\{7\}", r"\{7\}", True),
+    _h("wrapped_variable_stays", r"{x} \geq 7", r"[7, \infty)", True),
+    # an operator the parser does not know, between values
+    _h("unknown_uparrow", r"7 \uparrow 8", "8", False, UNPARSED),
+    _h("unknown_uparrow_left", r"7 \uparrow 8", "7", False, UNPARSED),
+    _h("unknown_made_up", r"7 \foo 8", "8", False, UNPARSED),
+    _h("unknown_leadsto", r"7 \leadsto 8", "8", False, UNPARSED),
+    _h("unknown_rhd", r"7 \rhd 8", "8", False, UNPARSED),
+    _h("unknown_unicode_arrow", "7 \u2191 8", "8", False, UNPARSED),
+    _h("unknown_unicode_boxplus", "7 \u229e 8", "15", False, UNPARSED),  # latex2sympy's lexer: an addition
+    _h("unknown_unicode_boxdot", "7 \u22a1 8", "56", False, UNPARSED),  # ... and a product
+    _h("unknown_prefix_macro", r"\zzq 7", "7", False, UNPARSED),
+    _h("unknown_times_stays", r"7 \times 8", "56", True),
+    _h("unknown_plus_stays", "7 + 8", "15", True),
+    _h("unknown_function_stays", r"\sin 0 + 7", "7", True),
+    # text that says something about the value, which math-verify deleted
+    _h("text_is_wrong", r"7 \text{ is wrong}", "7", False, UNPARSED),
+    _h("text_not_sure", r"7 \text{ (not sure)}", "7", False, UNPARSED),
+    _h("text_or_less", r"7 \text{ or less}", "7", False, UNPARSED),
+    _h("text_not_before", r"\text{not } 7", "7", False, "wrong"),  # one word: a symbol, not dropped
+    _h("text_mbox_incorrect", r"7 \mbox{ is incorrect}", "7", False, UNPARSED),
+    _h("text_one_word_is_a_symbol", r"7 \text{wrong}", "7", False, "wrong"),
+    _h("text_unit_stays", r"7 \text{ cm}", "7", True),
+    _h("text_square_units_stay", r"12 \text{ square units}", "12", True),
+    _h("text_counted_noun_stays", r"7 \text{ apples}", "7", True),
+    _h("text_lead_in_stays", r"\text{The final answer is } 7", "7", True),
+    _h("text_and_list_stays", r"2 \text{ and } 3", "2, 3", True),
+    _h("text_gold_text_stays", r"\text{Monday}", r"\text{Monday}", True),
+    _h("text_choice_stays", r"\text{(C)}", "C", True),
+    _h("text_temperature_stays", r"30^\circ \text{C}", "30", True),
+    # a set is not an ordered pair, named or not
+    _h("set_named_pair", r"S = \{1, 2\}", "(1, 2)", False, "wrong"),
+    _h("set_named_lbrace", r"A = \lbrace 1, 2 \rbrace", "(1, 2)", False, "wrong"),
+    _h("set_member_pair", r"x \in \{1, 2\}", "(1, 2)", False, "wrong"),
+    _h("set_left_right_pair", r"\left\{1, 2\right\}", "(1, 2)", False, "wrong"),
+    _h("set_named_tuple_stays", "P = (1, 2)", "(1, 2)", True),
+    _h("set_named_set_stays", r"S = \{1, 2\}", r"\{1, 2\}", True),
+    _h("set_reordered_stays", r"\{2, 1\}", r"\{1, 2\}", True),
+    _h("set_lbrace_stays", r"\lbrace 1, 2 \rbrace", r"\{1, 2\}", True),
+    _h("set_tuple_stays", "(1, 2)", "(1, 2)", True),
+    # two numbers side by side: the grammar adds them (its mixed-number rule)
+    _h("side_quad", r"7 \quad 8", "15", False, UNPARSED),
+    _h("side_qquad", r"7 \qquad 8", "15", False, UNPARSED),
+    _h("side_thin_space", r"7\,8", "15", False, UNPARSED),
+    _h("side_tie", "7~8", "15", False, UNPARSED),
+    _h("side_space", "7 8", "15", False, UNPARSED),
+    _h("side_parenthesised", "(7)(8)", "15", False, UNPARSED),
+    _h("side_number_group", "2(3)", "5", False, UNPARSED),
+    _h("side_braced", "{7}{8}", "15", False, UNPARSED),
+    _h("side_dollar", r"7 \$ 8", "15", False, UNPARSED),
+    _h("side_digit_groups_stay", "1 000 000", "1000000", True),
+    _h("side_thin_groups_stay", r"12\,345", "12345", True),
+    _h("side_tie_groups_stay", "10~000", "10000", True),
+    _h("side_mixed_number_stays", r"3\frac{1}{2}", r"\frac{7}{2}", True),
+    _h("side_product_stays", r"7 \cdot 8", "56", True),
+    # a computation restated, not done
+    _h("restated_sum", r"\sum_{k=1}^{100} k", "5050", False, UNEVALUATED),
+    _h("restated_sum_limits", r"\sum\limits_{k=1}^{100} k", "5050", False, UNEVALUATED),
+    _h("restated_prod", r"\prod_{k=1}^{5} k", "120", False, UNEVALUATED),
+    _h("restated_int", r"\int_0^1 2x \, dx", "1", False, UNEVALUATED),
+    _h("restated_lim", r"\lim_{n \to \infty} \frac{n}{n+1}", "1", False, UNEVALUATED),
+    _h("restated_binom", r"\binom{10}{3}", "120", False, UNEVALUATED),
+    _h("restated_factorial", "7!", "5040", False, UNEVALUATED),
+    _h("restated_factorial_ratio", r"\frac{10!}{8!}", "90", False, UNEVALUATED),
+    _h("restated_factorial_group", "(2+3)!", "120", False, UNEVALUATED),
+    _h("restated_unicode_sum", "\u2211_{k=1}^{100} k", "5050", False, UNEVALUATED),
+    _h("restated_problem_expression", r"17 \times 23", "391", False, UNEVALUATED, problem=COMPUTE),
+    _h("restated_value_stays", "391", "391", True, problem=COMPUTE),
+    _h("restated_other_product_stays", r"17 \times 23", "391", True),
+    _h("restated_small_factorial_stays", "5!", "120", True),
+    _h("restated_three_factorial_stays", "3!", "6", True),
+    _h("restated_power_stays", "2^{10}", "1024", True),
+    _h("restated_gold_binom_stays", r"\binom{n}{2}", r"\binom{n}{2}", True),
+    _h("restated_gold_factorial_stays", "n!", "n!", True),
+    # Unicode math is read as the LaTeX it stands for
+    _h("uni_sqrt", "\u221a2", r"\sqrt{2}", True),
+    _h("uni_sqrt_coefficient", "2\u221a3", r"2\sqrt{3}", True),
+    _h("uni_sqrt_parenthesised", "\u221a(x+1)", r"\sqrt{x+1}", True),
+    _h("uni_sqrt_multidigit", "\u221a12", r"2\sqrt{3}", True),
+    _h("uni_cube_root", "\u221b8", "2", True),
+    _h("uni_pi", "\u03c0/2", r"\frac{\pi}{2}", True),
+    _h("uni_two_pi", "2\u03c0", r"2\pi", True),
+    _h("uni_divide", "12 \u00f7 4", "3", True),
+    _h("uni_leq_solved", "x \u2264 3", r"(-\infty, 3]", True),
+    _h("uni_greek_sum", "\u03b1 + \u03b2", r"\alpha + \beta", True),
+    _h("uni_nbsp_groups", "1\u00a0000\u00a0000", "1000000", True),
+    _h("uni_sqrt_wrong", "\u221a3", r"\sqrt{2}", False, "wrong"),
+    _h("uni_pi_wrong", "\u03c0", r"\frac{\pi}{2}", False, "wrong"),
+    # repeating decimals, in three notations
+    _h("repeat_dot", r"0.\dot{3}", r"\frac{1}{3}", True),
+    _h("repeat_dot_mixed", r"0.1\dot{6}", r"\frac{1}{6}", True),
+    _h("repeat_dot_period", r"0.\dot{1}4285\dot{7}", r"\frac{1}{7}", True),
+    _h("repeat_parentheses", "0.(3)", "1/3", True),
+    _h("repeat_parentheses_period", "0.(142857)", r"\frac{1}{7}", True),
+    _h("repeat_overline_period", r"0.\overline{142857}", r"\frac{1}{7}", True),
+    _h("repeat_dot_wrong", r"0.\dot{3}", r"\frac{3}{10}", False, "wrong"),
+    _h("repeat_parentheses_wrong", "0.(6)", r"\frac{1}{3}", False, "wrong"),
+    _h("repeat_not_a_decimal", "0.3", r"\frac{1}{3}", False),
+    # an equation with the variable on either side
+    _h("eq_side_value_left", "7 = x", "7", True),
+    _h("eq_side_fraction_left", r"\frac{1}{2} = p", r"\frac12", True),
+    _h("eq_side_against_equation", "7 = x", "x = 7", True),
+    _h("eq_side_wrong_value", "8 = x", "7", False, "wrong"),
+    _h("eq_side_unsolved", "7 = x + 1", "7", False, "wrong"),
+    _h("eq_side_false", "7 = 8", "8", False, FALSE_EQ),
+    # a vector as a tuple or a one-column matrix
+    _h("vector_tuple_for_column", "(1, 2, 3)", COLUMN_3, True),
+    _h("vector_column_for_tuple", COLUMN_3, "(1, 2, 3)", True),
+    _h("vector_pair_for_column", "(1, 2)", r"\begin{pmatrix}1\\2\end{pmatrix}", True),
+    _h("vector_row_for_tuple", r"\begin{pmatrix}1 & 2 & 3\end{pmatrix}", "(1, 2, 3)", True),
+    _h("vector_left_right_for_bmatrix", r"\left(1, 2, 3\right)", r"\begin{bmatrix}1\\2\\3\end{bmatrix}", True),
+    _h("vector_entry_wrong", "(1, 2, 4)", COLUMN_3, False, "wrong"),
+    _h("vector_size_wrong", "(1, 2)", COLUMN_3, False, "wrong"),
+    _h("vector_order_wrong", "(3, 2, 1)", COLUMN_3, False, "wrong"),
+    _h("vector_set_wrong", r"\{1, 2, 3\}", COLUMN_3, False, "wrong"),
+    # spaces TeX and Unicode do not print (last round refused the tie)
+    _h("tie_leading", "~7", "7", True),
+    _h("tie_trailing", "7~", "7", True),
+    _h("tie_nbsp", "\u00a07", "7", True),
+    _h("tie_control_space", r"\ 7", "7", True),
+    _h("tie_thin_space", "7\u2009", "7", True),
+    _h("tie_wrong_stays_wrong", "~8", "7", False, "wrong"),
 ]
+
