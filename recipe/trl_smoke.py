@@ -112,7 +112,10 @@ def parse_overrides(pairs: list[str]) -> dict:
         union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
         return set(typing.get_args(annotation)) if union else {annotation}
 
-    top = {f.name: members(f.type) for f in fields(GAPOTRLConfig)}
+    # the classes' annotations, not Field.type: transformers' HfArgumentParser rewrites Field.type in place (an
+    # Optional field becomes its inner type), so after any parse of GRPOConfig in this process `null` would be refused
+    hints = typing.get_type_hints(GAPOTRLConfig)
+    top = {f.name: members(hints.get(f.name, f.type)) for f in fields(GAPOTRLConfig)}
     nested = {name: {f.name for f in fields(config)} for name, config in zip(NESTED, (GAPOConfig, ExplorationConfig))}
     known = [*top, *(f"{name}.{key}" for name, keys in nested.items() for key in keys)]
     out: dict = {}
