@@ -109,15 +109,23 @@ def test_eval_smoke_without_a_smoke_run_says_run_make_smoke(tmp_path):
                     "run make smoke first")
 
 
+@pytest.fixture(scope="module")
+def conversions(tmp_path_factory) -> dict:
+    """One verl-to-HF conversion cache for this module's evaluations of the session's smoke run (GAPO_EVAL_CACHE):
+    each of its checkpoints is converted once (verl's model merger, ~13 s each on an idle machine)."""
+    return {"GAPO_EVAL_CACHE": str(tmp_path_factory.mktemp("eval_cache"))}
+
+
 @pytest.mark.slow
-def test_make_eval_smoke_writes_the_table_and_the_plot(smoke_run, tmp_path):
+def test_make_eval_smoke_writes_the_table_and_the_plot(smoke_run, conversions, tmp_path):
     """The README's command after make smoke, on the session's smoke run (tests/conftest.py; only read here): its
     latest checkpoint, converted, on the run's validation prompts; results.md, summary.json, passk.png, and the
     last line names where they are."""
     import pyarrow.parquet as pq
 
     smoke, out = smoke_run["out"], tmp_path / "eval_smoke"
-    proc, wall_s = _make_eval_smoke(tmp_path, smoke, f"EVAL_SMOKE_OUT={out}")
+    proc, wall_s = _make_eval_smoke(tmp_path, smoke, f"EVAL_SMOKE_OUT={out}",
+                                    env={**_online_env(tmp_path), **conversions})
     assert proc.returncode == 0, proc.stderr[-4000:]
     print(f"\n[eval-smoke] make eval-smoke: {wall_s:.1f} s")
     run = json.loads((out / "run.json").read_text())
@@ -142,7 +150,7 @@ def _docs_example() -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_docs_example_runs_after_make_smoke(smoke_run, tmp_path):
+def test_the_docs_example_runs_after_make_smoke(smoke_run, conversions, tmp_path):
     """docs/eval/README.md's example, line by line as written, in a folder holding a smoke run as runs/smoke (the
     session's, tests/conftest.py) and the repository's tests/ (its fixtures are the example's benchmarks)."""
     lines = _docs_example()
@@ -151,7 +159,7 @@ def test_the_docs_example_runs_after_make_smoke(smoke_run, tmp_path):
     (work / "runs").mkdir(parents=True)
     (work / "runs" / "smoke").symlink_to(smoke_run["out"])
     (work / "tests").symlink_to(ROOT / "tests")
-    env = {**_online_env(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**_online_env(tmp_path), **conversions, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     script = "set -euo pipefail\n" + "\n".join(lines[1:]) + "\n"
     proc, wall_s = _run(["bash", "-c", script], work, env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
