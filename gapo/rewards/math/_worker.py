@@ -248,7 +248,7 @@ def _variable_first(pred, params: set):
 
     if isinstance(pred, (FiniteSet, Tuple)):
         items = [_variable_first(item, params) for item in pred.args]
-        return pred if list(items) == list(pred.args) else pred.func(*items)
+        return pred if items == list(pred.args) else pred.func(*items)
     if isinstance(pred, Eq) and _variables(pred.rhs) is not None and _variables(pred.lhs) is None \
             and not (_free_symbols(pred.lhs) - params):
         return Eq(pred.rhs, pred.lhs, evaluate=False)

@@ -535,10 +535,6 @@ def _option(extra_info, name: str, default) -> bool:
     return bool(default)
 
 
-def _require_think(extra_info, default) -> bool:
-    return _option(extra_info, "require_think", default)
-
-
 def _problem(extra_info) -> str | None:
     """The row's problem text (``extra_info["problem"]``, written by ``gapo.data.prepare_math``), if any."""
     problem = extra_info.get("problem") if isinstance(extra_info, dict) else None

@@ -167,6 +167,7 @@ UNICODE_OPERATORS.update({"\u2211": "\\sum ", "\u220f": "\\prod ", "\u222b": "\\
 _UNICODE_OPERATOR = re.compile("[" + "".join(UNICODE_OPERATORS) + "]")
 # √2, ∛(x+1), 2√3: the radical's argument is braced (``\\sqrt12`` would be math-verify's \\sqrt{1}2)
 _RADICALS = {"\u221a": "\\sqrt", "\u221b": "\\sqrt[3]", "\u221c": "\\sqrt[4]"}
+_RADICAL = re.compile("[" + "".join(_RADICALS) + "]")
 _RADICAL_ARGUMENT = re.compile(r"\s*(\d+(?:\.\d+)?|[A-Za-z]|\\[A-Za-z]+)")
 _OTHER_SIGNS = {"\u00b0": "^{\\circ}", "\u2032": "'", "\u2033": "''"}  # degree, prime, double prime
 
@@ -202,10 +203,8 @@ def unicode_math(text: str) -> str:
         text = text.replace(sign, rep)
     text = text.replace("^^", "^")  # ``45^°``
     pos = 0
-    while True:
-        pos = next((i for i in range(pos, len(text)) if text[i] in _RADICALS), -1)
-        if pos < 0:
-            break
+    while m := _RADICAL.search(text, pos):
+        pos = m.start()
         rep, end = _radical(text, pos)
         text = text[:pos] + rep + text[end:]
         pos += len(rep)

@@ -49,6 +49,8 @@ problem restated, refused too.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 
 from gapo.rewards.math.latex import match_braces
 
@@ -131,11 +133,16 @@ _PLAIN_NUMBER = re.compile(r"^\s*[-+]?(?:\d+(?:\.\d+)?|\d{1,3}(?:,\d{3})+|\\[dt]
                            r"|\d+\s*/\s*\d+)\s*$")
 _MATH_SEGMENT = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _COMPACT_DROP = re.compile(r"\s+|\$|\\left|\\right|\\[,;:! ]|\\(?:display|text)style")
+_SPACES = re.compile(r"\s+")
+_UNIT_SPLIT = re.compile(r"[\s/]+|\^\{?\d\}?")
+_TEXT_OPEN = re.compile(r"\\(?:" + "|".join(TEXT) + r")\s*\{")
+_TEXT_OR_NAME_OPEN = re.compile(r"\\(?:" + "|".join(TEXT + ("operatorname",)) + r")\s*\{")
+_COMPUTATION = {name: re.compile(rf"\\{name}(?![A-Za-z])") for name in COMPUTATIONS}
 
 
 def _unit_phrase(words: str) -> bool:
     """True if ``words`` (``cm``, ``square units``, ``miles per hour``, ``km/h``) names units only."""
-    parts = [w for w in re.split(r"[\s/]+|\^\{?\d\}?", words) if w]
+    parts = [w for w in _UNIT_SPLIT.split(words) if w]
     if not parts:
         return False
     for w in parts:
@@ -169,16 +176,32 @@ def _text_understood(content: str, gold_texts: set[str]) -> bool:
     return _unit_phrase(content) or all(w.lower() in CONNECTIVES for w in words)
 
 
-def _gold_vocabulary(golds: list[str]) -> tuple[set[str], set[str]]:
-    """(tokens, text contents) of the golds: a token a gold uses is understood in the answer."""
+@dataclass(frozen=True)
+class _Golds:
+    """What the screens read in the golds, once per gold list (the k answers to one prompt share it)."""
+
+    tokens: frozenset[str]  # every token a gold uses: understood in the answer
+    texts: frozenset[str]  # the contents of the golds' ``\\text{}`` (lower case)
+    joined: str  # the golds side by side
+    compact: str  # the same without whitespace
+    side_by_side: bool  # a gold writes two numbers side by side
+    factorial: bool  # a gold has a factorial
+    plain_numbers: bool  # every gold is a plain number
+
+
+@lru_cache(maxsize=1024)
+def _golds_info(golds: tuple[str, ...]) -> _Golds:
     tokens, texts = set(), set()
     for gold in golds:
         tokens.update(t for t in _TOKEN.findall(gold) if not t.isspace())
-        for m in re.finditer(r"\\(?:text|mbox|mathrm|textnormal)\s*\{", gold):
+        for m in _TEXT_OPEN.finditer(gold):
             end = match_braces(gold, m.end() - 1)
             if end is not None:
                 texts.add(gold[m.end():end - 1].strip().lower())
-    return tokens, texts
+    joined = "".join(golds)
+    return _Golds(frozenset(tokens), frozenset(texts), joined, _SPACES.sub("", joined),
+                  any(_side_by_side(g) for g in golds), any("!" in g.replace("!=", "") for g in golds),
+                  all(is_plain_number(g) for g in golds))
 
 
 def _argument(answer: str, pos: int) -> tuple[str, int] | None:
@@ -201,10 +224,10 @@ def _next_token(answer: str, pos: int) -> str:
 _ARGUMENT_MACROS = frozenset(TEXT + ACCENTS + ("left", "right", "begin", "end", "mathbb", "operatorname"))
 
 
-def _tokens_understood(answer: str, golds: list[str], gold_tokens: set[str], gold_texts: set[str]) -> str:
+def _tokens_understood(answer: str, gold: _Golds) -> str:
     """The first token of ``answer`` the parser does not understand (and no gold uses); ``""`` if none."""
     pos, matrices = 0, 0
-    gold_text = re.sub(r"\s+", "", "".join(golds))
+    gold_tokens, gold_text = gold.tokens, gold.compact
     while pos < len(answer):
         m = _TOKEN.match(answer, pos)
         token, pos = m.group(), m.end()
@@ -243,14 +266,14 @@ def _tokens_understood(answer: str, golds: list[str], gold_tokens: set[str], gol
                 return token
             content = arg[0]
             if name in TEXT:
-                ok = _text_understood(content, gold_texts)
+                ok = _text_understood(content, gold.texts)
             elif name == "mathbb":
                 ok = content.strip() in BLACKBOARD
             elif name == "operatorname":
                 ok = content.strip() in OPERATOR_NAMES
             else:
                 ok = bool(_NAME.match(content))
-            if not ok and re.sub(r"\s+", "", f"{token}{{{content}}}") not in gold_text:
+            if not ok and _SPACES.sub("", f"{token}{{{content}}}") not in gold_text:
                 return f"{token}{{{content}}}"
             pos = arg[1]
     return ""
@@ -259,7 +282,7 @@ def _tokens_understood(answer: str, golds: list[str], gold_tokens: set[str], gol
 def _outside_text(answer: str) -> str:
     """``answer`` with every ``\\text{}``-like argument blanked (its words are not values or operators)."""
     out, pos = [], 0
-    for m in re.finditer(r"\\(?:text|mbox|mathrm|textnormal|operatorname)\s*\{", answer):
+    for m in _TEXT_OR_NAME_OPEN.finditer(answer):
         if m.start() < pos:
             continue
         end = match_braces(answer, m.end() - 1)
@@ -283,19 +306,19 @@ def _side_by_side(text: str) -> str:
 def not_understood(answer: str, golds: list[str]) -> str:
     """What in ``answer`` the parser would drop or misread, unless a gold uses it (module docstring); ``""`` if
     everything is understood. The caller scores a non-empty result ``unparsed``."""
-    gold_tokens, gold_texts = _gold_vocabulary(golds)
-    bad = _tokens_understood(answer, golds, gold_tokens, gold_texts)
+    gold = _golds_info(tuple(golds))
+    bad = _tokens_understood(answer, gold)
     if bad:
         return bad
     text = "".join(" " if t in _SPACE_TOKENS else t for t in _TOKEN.findall(_outside_text(answer)))
     pair = _side_by_side(text)
-    if pair and not any(_side_by_side(g) for g in golds):
+    if pair and not gold.side_by_side:
         return pair
     group = _OPERATOR_GROUP.search(text)
-    if group and group.group() not in "".join(golds):
+    if group and group.group() not in gold.joined:
         return group.group()
     subscript = _NUMBER_SUBSCRIPT.search(text)
-    if subscript and "_" not in "".join(golds):
+    if subscript and "_" not in gold.joined:
         return subscript.group()
     return ""
 
@@ -333,15 +356,15 @@ def _in_problem(answer: str, problem: str) -> bool:
 def restated(answer: str, golds: list[str], problem: str | None = None) -> str:
     """What in ``answer`` is a computation left undone (module docstring); ``""`` if it is a final answer. The
     caller scores a non-empty result ``unevaluated``."""
-    gold_macros = {t[1:] for g in golds for t in _TOKEN.findall(g) if t[:1] == "\\"}
-    for name in COMPUTATIONS:
-        if name not in gold_macros and re.search(rf"\\{name}(?![A-Za-z])", answer):
+    gold = _golds_info(tuple(golds))
+    for name, pattern in _COMPUTATION.items():
+        if "\\" + name not in gold.tokens and pattern.search(answer):
             return f"\\{name}"
-    if not any("!" in g.replace("!=", "") for g in golds):
+    if not gold.factorial:
         for operand in _factorials(answer):
             if not (operand.isdigit() and int(operand) <= SMALL_FACTORIAL):
                 return f"{operand}!"
-    if problem and all(is_plain_number(g) for g in golds) and not is_plain_number(answer) \
+    if problem and gold.plain_numbers and not is_plain_number(answer) \
             and _in_problem(answer, problem):
         return "the problem's expression"
     return ""
