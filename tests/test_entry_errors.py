@@ -113,6 +113,13 @@ def test_a_plus_key_that_a_dataclass_lacks_names_its_fields():
     assert "is not a key of GAPOPolicyLossConfig" in ours and "policy_loss.eps_high_max?" in ours
 
 
+@pytest.mark.parametrize("line", ["=5", "+=5", "~="])
+def test_an_override_with_no_key_is_named(line):
+    """hydra's parser takes `=5` (key ''); its composition then fails with a traceback that names no override."""
+    problem = command_line_problem(["-cn", "smoke_cpu", "trainer.nnodes=1", line], CONFIGS, "gapo_trainer")
+    assert problem == f"override {line!r} names no key: write KEY=VALUE (e.g. trainer.nnodes=1)"
+
+
 @pytest.mark.parametrize("argv", [
     ["-cn", "smoke_cpu", "actor_rollout_ref.actor.policy_loss.schedule=exp", "hydra.run.dir=/tmp/x"],
     ["-cn", "smoke_cpu", "+actor_rollout_ref.model.override_config.rope_theta=1e6"],  # a free-form dict: + is right

@@ -164,6 +164,8 @@ def test_a_typo_of_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
     assert len(problems) == 1 and "no such local folder" in problems[0], problems
     assert "runs/ is a local folder, so it is not taken as a hub id" in problems[0]
     assert check_model_path(_config("x", "x", model="Qwen/Qwen2.5-Math-1.5B")) == []
+    [problem] = check_model_path(_config("x", "x", model="ckpts/global_step_5"))  # no ckpts/ here: not "a local folder"
+    assert "is a local folder" not in problem and "and not a hub id org/name" in problem
 
 
 def test_model_folder_needs_config_json(tmp_path):

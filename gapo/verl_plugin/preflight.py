@@ -234,8 +234,8 @@ def check_model_path(config: DictConfig) -> list[str]:
             continue
         where = "" if os.path.isabs(local) else f" (relative to {os.getcwd()})"
         first = path.split("/", 1)[0]
-        why = (f"{first}/ is a local folder, so it is not taken as a hub id org/name" if HUB_ID.fullmatch(path)
-               else "not a hub id org/name")
+        why = (f"{first}/ is a local folder, so it is not taken as a hub id org/name"
+               if HUB_ID.fullmatch(path) and os.path.isdir(first) else "not a hub id org/name")
         problems.append(f"{key}={path!r}: no such local folder{where}, and {why}: {fix}")
     return problems
 

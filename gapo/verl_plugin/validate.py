@@ -221,6 +221,11 @@ def command_line_problem(argv: list[str], config_dir: str, default_config: str) 
     if problem:
         return problem
     overrides = list(zip(args.overrides, parsed))
+    keyless = [ln for ln, o in overrides if not o.key_or_group]  # hydra's parser takes `=5`; its compose tracebacks
+    if keyless:
+        return "\n".join(f"override {ln!r} names no key: write KEY=VALUE (e.g. trainer.nnodes=1)" for ln in keyless)
+    if not overrides:  # the experiment exists and nothing overrides it: nothing to compose here
+        return None
     bad: list[str] = []
     for _ in range(len(overrides) + 1):  # a composition stops at the first unknown key: drop it and compose again
         try:
@@ -233,6 +238,8 @@ def command_line_problem(argv: list[str], config_dir: str, default_config: str) 
             if key is None or key in bad:
                 return None
             bad.append(key)
+        except Exception:  # any other composition error: hydra's own report, as without this check
+            return None
     else:
         return None
     groups = [g for g in config.hydra.runtime.choices if "/" not in g and "@" not in g]
