@@ -16,7 +16,6 @@ Accepted (detected in this order):
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gapo.config_names import closest
 from gapo.model_path import HUB_ID, is_hub_id
 
 SHARD_GLOB = "model_world_size_*_rank_*.pt"
@@ -119,14 +119,15 @@ def _dirs(folder: Path) -> list[str]:
         return []
 
 
-def checkpoint_folders(root: Path, limit: int = 5) -> str:
+def checkpoint_folders(root: Path, limit: int = 5, root_dirs: list[str] | None = None) -> str:
     """The verl checkpoint folders within a few levels of ``root`` (a folder holding ``global_step_N/``), each with
-    its steps, e.g. ``runs/smoke/checkpoints (global_step_1..3)``; at most ``limit``; hidden folders skipped."""
+    its steps, e.g. ``runs/smoke/checkpoints (global_step_1..3)``; at most ``limit``; hidden folders skipped.
+    ``root_dirs``: root's subfolders (``_dirs(root)``) when the caller has listed them already."""
     found, level = [], [root]
-    for _ in range(_CKPT_DEPTH + 1):
+    for depth in range(_CKPT_DEPTH + 1):
         below = []
         for folder in level:
-            names = _dirs(folder)
+            names = root_dirs if depth == 0 and root_dirs is not None else _dirs(folder)
             steps = sorted(int(n[len("global_step_"):]) for n in names
                            if n.startswith("global_step_") and n[len("global_step_"):].isdigit())
             if steps:
@@ -149,12 +150,12 @@ def missing_path_message(name: str, hub: bool = True) -> str:
     shown = "./" if parent == Path(".") else f"{parent}/"
     missing = path.parts[len(parent.parts)] if len(path.parts) > len(parent.parts) else path.name
     names = _dirs(parent)
-    close = difflib.get_close_matches(missing, names, n=3, cutoff=0.5)
+    close = closest(missing, names)
     more = f", ... ({len(names)} folders)" if len(names) > _LISTED else ""
     text = f"no such local folder: {name}; {shown} has: {', '.join(names[:_LISTED]) + more or 'no folders'}"
     if close:
         text += f" (closest: {', '.join(close)})"
-    found = checkpoint_folders(parent)
+    found = checkpoint_folders(parent, root_dirs=names)
     if found:
         text += f"; verl checkpoints there: {found}"
     first = name.split("/", 1)[0]

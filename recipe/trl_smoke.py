@@ -26,7 +26,6 @@ settings in TRL terms are in docs/trl.md.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
@@ -105,6 +104,7 @@ def parse_overrides(pairs: list[str]) -> dict:
     from dataclasses import fields
 
     from gapo.config import GAPOConfig
+    from gapo.config_names import closest
     from gapo.exploration import ExplorationConfig
     from gapo.integrations.trl import GAPOTRLConfig
 
@@ -127,7 +127,7 @@ def parse_overrides(pairs: list[str]) -> dict:
         if key in OWN_KEYS:
             raise ValueError(f"{pair!r}: {key} is set by {OWN_KEYS[key]}; use that option")
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
+            close = closest(key, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see python -m recipe.trl_smoke -h"
             raise ValueError(f"{pair!r}: {key} is not a setting of the TRL smoke run (a field of TRL's GRPOConfig, "
                              f"gapo.<GAPOConfig field> or exploration.<ExplorationConfig field>); {hint}")

@@ -176,7 +176,8 @@ class GAPOTRLConfig(GRPOConfig):
             move's length), `entrance_until_newline`, `coverage_window` (W, in generation batches),
             `coverage_threshold` (a prompt is covered when its c / k is above it).
 
-    Validated at construction: `loss_type` must be one of TRL's clipped losses (CLIP_LOSS_TYPES), eps_high_max >=
+    Validated at construction: `num_generations` >= 2 and `steps_per_generation` >= 1 (before TRL's checks divide by
+    them), `loss_type` must be one of TRL's clipped losses (CLIP_LOSS_TYPES), eps_high_max >=
     epsilon, the exploration knobs (ExplorationConfig's message: the key, the value, the fix). Warned: an on-policy
     setup (TRL's ratio is then exactly 1 and no clip binds), eps_high_max == epsilon.
     """
@@ -196,6 +197,13 @@ class GAPOTRLConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # before TRL's own checks, which divide by these first (ZeroDivisionError, TypeError for None)
+        if self.num_generations is None or self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (GRPO and GAPO compare completions within a group), got "
+                             f"{self.num_generations}")
+        if self.steps_per_generation is not None and self.steps_per_generation < 1:
+            raise ValueError(f"steps_per_generation must be >= 1 (or null: gradient_accumulation_steps), got "
+                             f"{self.steps_per_generation}")
         super().__post_init__()
         self.gapo = gapo_settings(self.gapo)
         self.exploration = exploration_settings(self.exploration)

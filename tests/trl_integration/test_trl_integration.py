@@ -624,6 +624,12 @@ def test_trl_smoke_settings_from_key_value_pairs(tmp_path):
     ]:
         with pytest.raises(ValueError, match=match):
             parse_overrides(pairs)
+    # values TRL's own checks would divide by (ZeroDivisionError, TypeError): refused by GAPOTRLConfig with the fix
+    for setting, match in [({"num_generations": 0}, "num_generations must be >= 2"),
+                           ({"num_generations": None}, "num_generations must be >= 2"),
+                           ({"steps_per_generation": 0}, "steps_per_generation must be >= 1")]:
+        with pytest.raises(ValueError, match=match):
+            smoke_args(tmp_path, "sequence", **setting)
 
 
 def test_trl_smoke_cli_refuses_bad_settings_before_it_trains(tmp_path):
