@@ -14,6 +14,11 @@ from gapo.threshold import SCHEDULES, validate_clip_range
 BASE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "base" / "gapo.yaml"
 
 
+def _is_number(value) -> bool:
+    """An int or float, not a bool (a text value, e.g. from TRL's KEY=VALUE, gets the field's message, not math's)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 @dataclass
 class GAPOConfig:
     """GAPO's settings. In verl they live under `actor_rollout_ref.actor.policy_loss` (see
@@ -55,9 +60,10 @@ class GAPOConfig:
             raise ValueError(
                 f"policy_loss.schedule={self.schedule!r} is not a GAPO schedule; choose one of {', '.join(SCHEDULES)}"
             )
-        if self.eps_high_max is not None and not (math.isfinite(self.eps_high_max) and self.eps_high_max >= 0):
+        if self.eps_high_max is not None and not (_is_number(self.eps_high_max) and math.isfinite(self.eps_high_max)
+                                                  and self.eps_high_max >= 0):
             raise ValueError(f"policy_loss.eps_high_max must be a finite number >= 0 or null, got {self.eps_high_max}")
-        if not math.isfinite(self.success_threshold):
+        if not (_is_number(self.success_threshold) and math.isfinite(self.success_threshold)):
             raise ValueError(f"policy_loss.success_threshold must be finite, got {self.success_threshold}")
         window = self.diag_corr_window
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:

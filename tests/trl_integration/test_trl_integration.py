@@ -627,7 +627,9 @@ def test_trl_smoke_settings_from_key_value_pairs(tmp_path):
     # values TRL's own checks would divide by (ZeroDivisionError, TypeError): refused by GAPOTRLConfig with the fix
     for setting, match in [({"num_generations": 0}, "num_generations must be >= 2"),
                            ({"num_generations": None}, "num_generations must be >= 2"),
-                           ({"steps_per_generation": 0}, "steps_per_generation must be >= 1")]:
+                           ({"steps_per_generation": 0}, "steps_per_generation must be >= 1"),
+                           ({"gapo": {"eps_high_max": "abc"}}, "eps_high_max must be a finite number >= 0 or null"),
+                           ({"gapo": {"success_threshold": "x"}}, "success_threshold must be finite")]:
         with pytest.raises(ValueError, match=match):
             smoke_args(tmp_path, "sequence", **setting)
 
