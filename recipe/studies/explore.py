@@ -1,0 +1,198 @@
+"""The powered exploration study (`make study-explore`): GAPO vs two fixed clips, 12 seeds each, on the smoke task's
+hard tail and on prompts the base model mostly solves, through TRL's GRPOTrainer with GAPO's loss on CPU.
+
+    python -m recipe.studies.explore [--out runs/study-explore] [--jobs 2] [--reduced] [--pilot] [--report-only]
+                                     [--fresh] [--seeds 1 2 ...] [--steps N] [--lr X]
+    make study-explore                 # the pre-registered study (72 runs, ~20 min on 2 cores)
+    make study-explore REDUCED=1       # 2 seeds x 8 steps, small held-out sets: what CI runs (~1 min)
+    make study-explore PILOT=1         # the pilot that fixed the learning rate and the seed count (docs/studies.md)
+
+The questions, the primary outcome of each, the meaningful difference and the methods are fixed here and in
+docs/studies.md before the study runs (`PRIMARY`, `MEANINGFUL`); `recipe.studies.explore_report` computes every
+number of the report from the runs' files. Runs go to OUT/runs/<regime>/<method>/seed<s>/ (`recipe.studies.
+explore_run`); a rerun keeps every run whose `done.json` matches the current settings and reruns the others, so a
+stopped study resumes where it stopped (`--fresh` wipes OUT/runs first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings
+
+# The study's seeds (12 per method and regime) and the pilot's (disjoint: the pilot chose the settings, the study's
+# seeds answer the questions). Seed 0 is in neither: it was looked at while the run code was written.
+SEEDS = tuple(range(1, 13))
+PILOT_SEEDS = (101, 102, 103, 104)
+# The pilot's grid: learning rates tried, each with every method and both regimes at the study's other settings.
+PILOT_LEARNING_RATES = (1e-2, 3e-2)
+# The smallest true difference worth detecting, in the primary outcomes' units (held-out pass@1 and clip fraction,
+# both fractions): 0.05, about two thirds of the hard bucket's base pass@1 (~0.07).
+MEANINGFUL = 0.05
+# The pre-registered primary outcome of each question (docs/studies.md): the regime, the metric (a per-run number,
+# `recipe.studies.explore_report.run_outcomes`), and either a paired difference of two methods at the same seed
+# (`a` - `b`) or one method's value against 0.
+PRIMARY = {
+    "diagnosis": {"regime": "tail", "metric": "clip_gap", "a": "gspo_symmetric", "b": None,
+                  "text": "clip fraction of successes at small c (1-2) minus at large c (6-7), over training, under the "
+                          "fixed symmetric clip"},
+    "effect": {"regime": "tail", "metric": "pass1/hard", "a": "gapo_linear", "b": "gspo_clip_higher",
+               "text": "held-out pass@1 on the hard bucket after the last step, GAPO minus the fixed clip-higher"},
+    "high_pass": {"regime": "high", "metric": "pass1/high", "a": "gapo_linear", "b": "gspo_clip_higher",
+                  "text": "held-out pass@1 after the last step where the base model passes most prompts, GAPO minus "
+                          "the fixed clip-higher"},
+}
+# CI's reduced mode: every method and regime, 2 seeds, a few steps, small held-out sets. Not a result: it checks
+# that the whole path (runs, resume, report) works.
+REDUCED = {"seeds": (1, 2), "settings": {"steps": 8, "eval_every": 4, "eval_prompts": 4, "eval_samples": 8,
+                                         "n_train": 64}}
+
+
+def run_dir(out: Path, spec: RunSpec) -> Path:
+    return out / "runs" / spec.regime / spec.method / f"seed{spec.seed}"
+
+
+def is_done(path: Path, settings: StudySettings) -> bool:
+    """A run counts as done when its done.json exists and records the current settings."""
+    try:
+        done = json.loads((path / "done.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return done.get("settings") == asdict(settings)
+
+
+def specs(seeds, regimes=tuple(REGIMES), methods=tuple(METHODS)) -> list[RunSpec]:
+    """Seed-major order: a study stopped part way has whole seeds (every method and regime) done."""
+    return [RunSpec(regime, method, seed) for seed in seeds for regime in regimes for method in methods]
+
+
+def _worker_init(threads: int) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import warnings
+
+    warnings.filterwarnings("ignore")  # TRL's and transformers' per-run notices; failures still raise
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def _run(spec: RunSpec, out: str, model_dir: str, settings: StudySettings) -> dict:
+    from recipe.studies.explore_run import run_one
+
+    return run_one(spec, Path(out), Path(model_dir), settings)
+
+
+def run_all(out: Path, run_specs: list[RunSpec], settings: StudySettings, jobs: int, echo=print) -> float:
+    """Train every run of `run_specs` not already done into OUT/runs (jobs worker processes, each loading torch and
+    TRL once); prints one line per run with an estimate of the time left. Returns the wall seconds spent."""
+    from gapo.smoke.tiny_model import build_tiny_model
+
+    settings.validate()
+    model_dir = build_tiny_model(out / "tiny")
+    todo = [s for s in run_specs if not is_done(run_dir(out, s), settings)]
+    kept = len(run_specs) - len(todo)
+    echo(f"[study-explore] {len(run_specs)} runs: {kept} done before (kept), {len(todo)} to train, {jobs} at once")
+    start = time.perf_counter()
+    if not todo:
+        return 0.0
+    finished = 0
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(settings.threads,)) as pool:
+        futures = {pool.submit(_run, s, str(run_dir(out, s)), str(model_dir), settings): s for s in todo}
+        for future in as_completed(futures):
+            spec = futures[future]
+            try:
+                done = future.result()
+            except Exception as err:  # the first failure stops the study; finished runs stay for the rerun
+                for other in futures:
+                    other.cancel()
+                raise RuntimeError(f"run {spec.name} failed ({type(err).__name__}: {err}); its folder is "
+                                   f"{run_dir(out, spec)}; a rerun keeps the {kept + finished} finished runs") from err
+            finished += 1
+            elapsed = time.perf_counter() - start
+            left = elapsed / finished * (len(todo) - finished)
+            echo(f"[study-explore] {kept + finished}/{len(run_specs)} {spec.name}: {done['wall_s']:.0f} s "
+                 f"(elapsed {elapsed / 60:.1f} min, ~{left / 60:.1f} min left)")
+    return time.perf_counter() - start
+
+
+def study_settings(args) -> tuple[list[RunSpec], StudySettings, str]:
+    """(runs, settings, mode) from the command line: the study, the reduced study or the pilot."""
+    settings = StudySettings()
+    if args.reduced:
+        settings = replace(settings, **REDUCED["settings"])
+    overrides = {name: getattr(args, name) for name in ("steps", "lr") if getattr(args, name) is not None}
+    if "lr" in overrides:
+        overrides["learning_rate"] = overrides.pop("lr")
+    settings = replace(settings, **overrides)
+    settings.validate()
+    if args.pilot:
+        return specs(args.seeds or PILOT_SEEDS), settings, "pilot"
+    seeds = args.seeds or (REDUCED["seeds"] if args.reduced else SEEDS)
+    return specs(seeds), settings, "reduced" if args.reduced else "study"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m recipe.studies.explore", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--out", type=Path, help="output folder (default runs/study-explore, -reduced, -pilot)")
+    p.add_argument("--jobs", type=int, default=2, help="runs trained at once, one CPU thread each (default 2)")
+    p.add_argument("--reduced", action="store_true", help="CI's reduced mode (REDUCED): a check, not a result")
+    p.add_argument("--pilot", action="store_true",
+                   help=f"the pilot: learning rates {PILOT_LEARNING_RATES} x every method and regime x seeds "
+                        f"{PILOT_SEEDS}; writes pilot.md with the power calculation")
+    p.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {SEEDS[0]}..{SEEDS[-1]})")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {StudySettings.steps})")
+    p.add_argument("--lr", type=float, help=f"learning rate (default {StudySettings.learning_rate})")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from the runs there, train nothing")
+    p.add_argument("--fresh", action="store_true", help="delete OUT/runs first (default: keep finished runs)")
+    return p
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(argv)
+    if args.jobs < 1:
+        parser().error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.reduced and args.pilot:
+        parser().error("--reduced and --pilot are two different studies: choose one")
+    try:
+        run_specs, settings, mode = study_settings(args)
+    except (ValueError, TypeError) as err:
+        parser().error(str(err))
+    out = args.out or Path("runs/study-explore" + {"study": "", "reduced": "-reduced", "pilot": "-pilot"}[mode])
+    if args.fresh and not args.report_only:
+        shutil.rmtree(out / "runs", ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    wall = {}
+    if mode == "pilot":
+        for lr in PILOT_LEARNING_RATES:
+            lr_settings = replace(settings, learning_rate=lr)
+            lr_out = out / f"lr{lr:g}"
+            lr_out.mkdir(parents=True, exist_ok=True)
+            if not args.report_only:
+                wall[lr] = run_all(lr_out, run_specs, lr_settings, args.jobs)
+        from recipe.studies import explore_report
+
+        paths = explore_report.write_pilot(out, {lr: out / f"lr{lr:g}" for lr in PILOT_LEARNING_RATES},
+                                           [s.seed for s in run_specs if s.regime == "tail" and s.method == "gapo_linear"],
+                                           settings, sum(wall.values()) if wall else None)
+    else:
+        if not args.report_only:
+            wall["all"] = run_all(out, run_specs, settings, args.jobs)
+        from recipe.studies import explore_report
+
+        paths = explore_report.write_report(out, sorted({s.seed for s in run_specs}), settings, mode,
+                                            wall.get("all"))
+    print("[study-explore] wrote " + ", ".join(str(p) for p in paths))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""One run of the exploration study (`recipe.studies.explore`): the tiny model trained with TRL's `GRPOTrainer` and
+GAPO's loss (`gapo.integrations.trl`) on one regime of the smoke task, with held-out sampling during training.
+
+    run_one(RunSpec(regime="tail", method="gapo_linear", seed=3), out=Path("runs/study-explore/runs/..."),
+            model_dir=..., settings=StudySettings())
+
+What a run writes under `out` (read by `recipe.studies.explore`'s report, which needs neither torch nor trl):
+- `metrics.jsonl`: every TRL log line (verl's file-logger format, `gapo.integrations.trl.MetricsFileCallback`): the
+  reward, the per-c clip diagnostics `gapo/*`, the exploration instruments `gapo/explore/*`, the group fractions.
+- `heldout.jsonl`: one line per held-out evaluation (before training, every `eval_every` steps, after the last):
+  `{"step": s, "bucket": b, "n": n, "correct": [c_1, ...], "distinct": [d_1, ...]}`, per held-out prompt its count
+  of correct samples out of n and of distinct first visible characters (the entrance, m = 1, of the held-out
+  samples). Samples are drawn at temperature 1 from a generator seeded by (run seed, step) under
+  `torch.random.fork_rng`, so they never move the training's random stream, and two methods at one seed sample their
+  held-out prompts with the same random numbers (common random numbers: the paired difference has less noise).
+- `done.json`: written last, with the run's settings and wall time; a run without it is rerun from the start.
+
+Why TRL and not verl's trainer: one verl run of 24 steps takes ~3 minutes on 2 cores (its start-up alone ~1 minute),
+so 72 runs cannot fit an hour; a TRL step of this size takes well under a second. The loss and the diagnostics are the
+same code (`gapo.surrogate`, `gapo.threshold`, `gapo.clip_diagnostics`); tests/trl_integration/test_study_explore.py
+checks the diagnostics against the verl adapter's on one shared batch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# The methods: (schedule, eps_high_max is eps_low?) -> the clip. The fixed clips run as GAPO's constant schedule,
+# which equals a fixed clip and still logs the per-c diagnostics.
+METHODS = {
+    "gspo_symmetric": {"schedule": "constant", "symmetric": True},
+    "gspo_clip_higher": {"schedule": "constant", "symmetric": False},
+    "gapo_linear": {"schedule": "linear", "symmetric": False},
+}
+# The regimes: train and held-out prompts by allowed-set size. `tail`: the difficulty buckets of
+# gapo.smoke.task in equal shares (a hard tail at ~2-10% success for the base model); `high`: sets of 28-36
+# characters, which the base model answers correctly ~60-80% of the time (the regime the paper does not report).
+REGIMES = {
+    "tail": {"hard": (1, 4), "mid": (8, 20), "easy": (25, 32)},
+    "high": {"high": (28, 36)},
+}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: regime (REGIMES), method (METHODS), seed (TRL's seed: prompt order, sampling, held-out samples)."""
+
+    regime: str
+    method: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.regime}/{self.method}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """The study's training and held-out settings (one source of defaults; `recipe.studies.explore` documents why).
+
+    Each generation is `prompts_per_generation` prompts x `k` completions, split into `steps_per_generation`
+    optimizer steps (off-policy after the first, so the clip binds)."""
+
+    steps: int = 200
+    k: int = 8
+    prompts_per_generation: int = 8
+    steps_per_generation: int = 4
+    learning_rate: float = 3e-2
+    eps_low: float = 0.02
+    eps_high_max: float = 0.05
+    max_completion_length: int = 8
+    eval_every: int = 25
+    eval_prompts: int = 24
+    eval_samples: int = 16
+    n_train: int = 512
+    threads: int = 1
+
+    def validate(self) -> None:
+        problems = []
+        for name in ("steps", "k", "prompts_per_generation", "steps_per_generation", "max_completion_length",
+                     "eval_every", "eval_prompts", "eval_samples", "n_train", "threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{name} must be an integer >= 1, got {value!r}")
+        if self.k < 2:
+            problems.append(f"k must be >= 2 (a group of one has no advantage), got {self.k}")
+        if (self.prompts_per_generation * self.k) % self.steps_per_generation:
+            problems.append(f"prompts_per_generation x k ({self.prompts_per_generation * self.k}) must split into "
+                            f"steps_per_generation ({self.steps_per_generation}) equal steps")
+        if not 0 < self.eps_low <= self.eps_high_max:
+            problems.append(f"need 0 < eps_low <= eps_high_max, got {self.eps_low} and {self.eps_high_max}")
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
+        if problems:
+            raise ValueError("study settings: " + "; ".join(problems))
+
+
+def eval_steps(settings: StudySettings) -> list[int]:
+    """Steps after which the held-out prompts are sampled: 0 (before training), every eval_every, and the last."""
+    return sorted({0, *range(settings.eval_every, settings.steps + 1, settings.eval_every), settings.steps})
+
+
+def prompt_rows(regime: str, n: int, split: str, seed: int) -> list[dict]:
+    """TRL conversational rows of a regime, its buckets in equal shares (held-out: `n` per bucket), each with its
+    `allowed` set and `bucket`. Held-out rows do not depend on the run's seed (every run is scored on the same
+    prompts); train rows do (their order and draw)."""
+    import random
+
+    from gapo.smoke.task import make_rows
+
+    buckets = REGIMES[regime]
+    shares = ([n] * len(buckets) if split == "val"
+              else [n // len(buckets) + (i < n % len(buckets)) for i in range(len(buckets))])
+    rows = []
+    for (bucket, (low, high)), count in zip(buckets.items(), shares):
+        for row in make_rows(count, seed=seed, split=f"explore-{regime}-{split}", min_size=low, max_size=high,
+                             bucket=bucket):
+            rows.append({"prompt": row["prompt"], "allowed": row["reward_model"]["ground_truth"], "bucket": bucket})
+    random.Random(f"{seed}/{regime}/{split}/order").shuffle(rows)
+    return rows
+
+
+def trl_args(spec: RunSpec, out: Path, settings: StudySettings):
+    """GAPOTRLConfig of a run: sequence level (the GSPO surrogate, the paper's main variant), mean-centred advantages
+    (scale_rewards none), the method's clip."""
+    from gapo.integrations.trl import GAPOTRLConfig
+
+    method = METHODS[spec.method]
+    eps_high_max = settings.eps_low if method["symmetric"] else settings.eps_high_max
+    return GAPOTRLConfig(
+        output_dir=str(out / "trainer"), per_device_train_batch_size=settings.prompts_per_generation * settings.k
+        // settings.steps_per_generation, num_generations=settings.k, steps_per_generation=settings.steps_per_generation,
+        gradient_accumulation_steps=1, max_completion_length=settings.max_completion_length, max_steps=settings.steps,
+        learning_rate=settings.learning_rate, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1,
+        report_to=[], use_cpu=True, save_strategy="no", seed=spec.seed, data_seed=spec.seed, temperature=1.0,
+        scale_rewards="none", importance_sampling_level="sequence", loss_type="grpo", epsilon=settings.eps_low,
+        gapo={"eps_high_max": eps_high_max, "schedule": method["schedule"]},
+        exploration={"entrance_tokens": 1}, disable_tqdm=True, log_level="warning")
+
+
+class HeldOutCallback:
+    """Samples the held-out prompts before training and after each of `steps` (a TrainerCallback; built by
+    `heldout_callback`, which subclasses transformers' class lazily)."""
+
+
+def heldout_callback(rows: list[dict], tokenizer, steps: list[int], settings: StudySettings, seed: int, path: Path):
+    """A TrainerCallback writing one `heldout.jsonl` line per bucket at each step of `steps` (module docstring)."""
+    import torch
+    from transformers import TrainerCallback
+
+    from gapo.smoke.task import compute_score, first_visible_char
+
+    texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in rows]
+
+    def evaluate(model, step: int) -> None:
+        was_training = model.training
+        model.eval()
+        per_bucket: dict[str, dict] = {}
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed * 100_003 + step)
+            for row, text in zip(rows, texts):
+                ids = tokenizer(text, return_tensors="pt")
+                out = model.generate(**ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                     max_new_tokens=settings.max_completion_length,
+                                     num_return_sequences=settings.eval_samples,
+                                     pad_token_id=tokenizer.pad_token_id)
+                samples = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+                correct = sum(compute_score("gapo_smoke", s, row["allowed"])["score"] > 0 for s in samples)
+                distinct = len({first_visible_char(s) for s in samples})
+                entry = per_bucket.setdefault(row["bucket"], {"correct": [], "distinct": []})
+                entry["correct"].append(int(correct))
+                entry["distinct"].append(distinct)
+        if was_training:
+            model.train()
+        with path.open("a") as f:
+            for bucket, entry in per_bucket.items():
+                f.write(json.dumps({"step": step, "bucket": bucket, "n": settings.eval_samples, **entry}) + "\n")
+
+    class _HeldOut(TrainerCallback, HeldOutCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if 0 in steps:
+                evaluate(model, 0)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step in steps and state.global_step > 0:
+                evaluate(model, state.global_step)
+
+    return _HeldOut()
+
+
+def run_one(spec: RunSpec, out: Path, model_dir: Path, settings: StudySettings) -> dict:
+    """Train one run into `out` (module docstring); returns what `done.json` holds. A partial `out` is cleared first."""
+    import shutil
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, PrinterCallback
+
+    from gapo.integrations.trl import GAPOGRPOTrainer, MetricsFileCallback
+    from recipe.trl_smoke import smoke_reward
+
+    settings.validate()
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    torch.set_num_threads(settings.threads)
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    train = prompt_rows(spec.regime, settings.n_train, "train", spec.seed)
+    heldout = prompt_rows(spec.regime, settings.eval_prompts, "val", 0)
+    callbacks = [MetricsFileCallback(out / "metrics.jsonl"),
+                 heldout_callback(heldout, tokenizer, eval_steps(settings), settings, spec.seed, out / "heldout.jsonl")]
+    trainer = GAPOGRPOTrainer(model=str(model_dir), reward_funcs=smoke_reward, args=trl_args(spec, out, settings),
+                              train_dataset=Dataset.from_list(train), processing_class=tokenizer, callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # TRL would print every log line; they are in metrics.jsonl
+    trainer.train()
+    shutil.rmtree(out / "trainer", ignore_errors=True)
+    done = {"run": spec.name, **asdict(spec), "settings": asdict(settings), "wall_s": round(time.perf_counter() - start, 2)}
+    (out / "done.json").write_text(json.dumps(done, indent=1) + "\n")
+    return done

@@ -1,0 +1,218 @@
+"""The exploration study's statistics and report (recipe.studies.stats, recipe.studies.explore_report) on constructed
+logs, against values computed by hand here; its command line's refusals. The runs themselves:
+tests/trl_integration/test_study_explore.py."""
+
+import json
+import math
+from dataclasses import asdict, replace
+
+import pytest
+
+from recipe.studies import explore, stats
+from recipe.studies.explore import run_dir
+from recipe.studies.explore_report import (
+    clip_numbers,
+    heldout_numbers,
+    live_numbers,
+    pilot_result,
+    write_report,
+)
+from recipe.studies.explore_run import METHODS, RunSpec, StudySettings, eval_steps
+
+T975_2 = 4.302652729749  # Student's t, 97.5% quantile, 2 degrees of freedom (printed tables: 4.303)
+
+
+# --- statistics ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p, df, expected", [
+    (0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 11, 2.2010), (0.975, 30, 2.0423), (0.8, 11, 0.8755),
+    (0.95, 5, 2.0150), (0.975, 10_000, 1.9602), (0.025, 11, -2.2010), (0.5, 7, 0.0),
+])
+def test_t_quantiles_match_printed_tables(p, df, expected):
+    assert stats.t_quantile(p, df) == pytest.approx(expected, abs=1e-4)
+    assert stats.t_cdf(stats.t_quantile(p, df), df) == pytest.approx(p, abs=1e-9)
+
+
+def test_summary_paired_and_power_by_hand():
+    s = stats.summary([0.1, 0.15, 0.2])
+    assert (s["mean"], s["sd"], s["se"]) == pytest.approx((0.15, 0.05, 0.05 / math.sqrt(3)))
+    assert (s["low"], s["high"]) == pytest.approx((0.15 - T975_2 * 0.05 / math.sqrt(3), 0.15 + T975_2 * 0.05 / math.sqrt(3)))
+    assert s["dz"] == pytest.approx(3.0)
+    d = stats.paired([0.5, 0.625, 0.375], [0.25, 0.375, 0.25])  # differences 0.25, 0.25, 0.125
+    sd = math.sqrt(((0.25 - 0.625 / 3) ** 2 * 2 + (0.125 - 0.625 / 3) ** 2) / 2)
+    assert (d["mean"], d["sd"]) == pytest.approx((0.625 / 3, sd))
+    assert stats.verdict(d) == "above 0" and stats.verdict(stats.summary([-1, 1])) == "includes 0"
+    one = stats.summary([0.3])
+    assert one["low"] is None and stats.verdict(one) == "one seed"
+    # mde(12) = (t(.975, 11) + t(.8, 11)) sd / sqrt(12); seeds for 0.05 at sd 0.05: n = 10 (n = 9 gives 0.0533)
+    assert stats.minimum_detectable(0.05, 12) == pytest.approx((2.200985 + 0.875530) * 0.05 / math.sqrt(12), abs=1e-6)
+    assert stats.minimum_detectable(0.05, 9) == pytest.approx((2.306004 + 0.888890) * 0.05 / 3, abs=1e-6)
+    assert stats.seeds_needed(0.05, 0.05) == 10
+    with pytest.raises(ValueError, match="one of each per seed"):
+        stats.paired([1, 2], [1])
+    with pytest.raises(ValueError, match="must be > 0"):
+        stats.seeds_needed(0.1, 0)
+
+
+# --- per-run numbers ----------------------------------------------------------------------------------------------
+
+def test_heldout_numbers_by_hand():
+    numbers = heldout_numbers({"hard": {"n": 16, "correct": [0, 4, 16], "distinct": [3, 5, 1]},
+                               "easy": {"n": 16, "correct": [8], "distinct": [2]}})
+    assert numbers["pass1/hard"] == pytest.approx((0 + 0.25 + 1) / 3)
+    # pass@8 of 4 correct in 16: 1 - C(12, 8) / C(16, 8) = 1 - 495 / 12870
+    assert numbers["pass8/hard"] == pytest.approx((0 + 1 - 495 / 12870 + 1) / 3)
+    assert numbers["coverage/hard"] == pytest.approx(2 / 3)  # c / n above 5%: 4/16 and 16/16
+    assert numbers["distinct/hard"] == pytest.approx(3.0)
+    assert numbers["pass1/all"] == pytest.approx((0 + 0.25 + 1 + 0.5) / 4)  # pooled over the prompts, not the buckets
+    assert numbers["distinct/all"] == pytest.approx(11 / 4)
+
+
+def test_clip_numbers_average_within_a_step_then_over_steps():
+    metrics = {1: {"gapo/clipfrac_pos/c1": 0.4, "gapo/clipfrac_pos/c2": 0.0, "gapo/clipfrac_pos/c6": 0.1,
+                   "gapo/ratio_dev_pos/c1": 0.3, "gapo/ratio_dev_pos/c6": 0.1, "gapo/is_adv_corr": 0.5},
+               2: {"gapo/clipfrac_pos/c2": 0.5, "gapo/clipfrac_pos/c7": 0.3, "gapo/ratio_dev_pos/c7": 0.2},
+               3: {"gapo/clipfrac_pos/c4": 0.9, "gapo/is_adv_corr": -0.1}}
+    n = clip_numbers(metrics)
+    assert n["clip_small"] == pytest.approx((0.2 + 0.5) / 2)  # not (0.4 + 0 + 0.5) / 3 = 0.3
+    assert n["clip_large"] == pytest.approx(0.2)
+    assert n["clip_gap"] == pytest.approx(0.15)
+    assert n["dev_small"] == pytest.approx(0.3) and n["dev_large"] == pytest.approx(0.15)
+    assert n["corr"] == pytest.approx(0.2)
+    assert clip_numbers({1: {"gapo/clipfrac_pos/c1": 0.4}})["clip_gap"] is None  # no large-c success: no gap
+
+
+def test_live_numbers_read_the_last_quarter():
+    metrics = {s: {"gapo/explore/entrance_distinct": s / 10, "reward": 1.0 if s > 6 else 0.0} for s in range(1, 9)}
+    metrics[8].pop("gapo/explore/entrance_distinct")  # a step that did not generate
+    live = live_numbers(metrics, 8)
+    assert live["live_distinct"] == pytest.approx(0.7) and live["reward"] == pytest.approx(1.0)
+    assert live["entropy_success"] is None
+
+
+# --- a constructed study ------------------------------------------------------------------------------------------
+
+SETTINGS = replace(StudySettings(), steps=8, eval_every=4, eval_prompts=2, eval_samples=4)
+SEEDS = (1, 2, 3)
+# held-out correct counts (of 4) per seed, after the last step, for the primaries' metrics
+HARD_FINAL = {"gapo_linear": [[2, 2], [3, 2], [2, 1]], "gspo_clip_higher": [[1, 1], [1, 2], [1, 1]],
+              "gspo_symmetric": [[0, 1], [1, 1], [1, 1]]}
+HIGH_FINAL = {"gapo_linear": [[3, 4], [4, 3], [3, 3]], "gspo_clip_higher": [[4, 4], [3, 3], [3, 4]],
+              "gspo_symmetric": [[2, 2], [3, 3], [3, 3]]}
+
+
+def write_run(out, spec, settings=SETTINGS, hard_final=None, hard_start=(0, 1)):
+    folder = run_dir(out, spec)
+    folder.mkdir(parents=True)
+    i = spec.seed - 1
+    lines = []
+    for step in eval_steps(settings):
+        if spec.regime == "tail":
+            hard = list(hard_start) if step == 0 else (hard_final or HARD_FINAL[spec.method])[i]
+            buckets = {"hard": hard, "mid": [2, 2], "easy": [3, 3]}
+        else:
+            buckets = {"high": [3, 3] if step == 0 else HIGH_FINAL[spec.method][i]}
+        for bucket, correct in buckets.items():
+            collapsed = step == settings.steps and spec == RunSpec("high", "gspo_symmetric", 1)
+            lines.append({"step": step, "bucket": bucket, "n": settings.eval_samples, "correct": correct,
+                          "distinct": [1, 1] if collapsed else [3, 4]})
+    (folder / "heldout.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    clip_small = 0.4 + 0.1 * i if spec.method == "gspo_symmetric" else 0.2
+    metrics = [{"step": 1, "data": {"gapo/clipfrac_pos/c1": clip_small, "gapo/clipfrac_pos/c6": 0.1}},
+               {"step": 2, "data": {"gapo/clipfrac_pos/c2": 0.2, "gapo/clipfrac_pos/c7": 0.3}}]
+    metrics += [{"step": s, "data": {"reward": 0.5, "gapo/explore/entrance_distinct": 0.5 + 0.1 * i}} for s in (7, 8)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (folder / "done.json").write_text(json.dumps({"settings": asdict(settings)}))
+
+
+def constructed_study(out, skip=()):
+    for spec in explore.specs(SEEDS):
+        if spec not in skip:
+            write_run(out, spec)
+
+
+def test_report_numbers_and_sentences_from_constructed_runs(tmp_path):
+    constructed_study(tmp_path, skip={RunSpec("high", "gspo_clip_higher", 3)})
+    paths = write_report(tmp_path, SEEDS, SETTINGS, "study", 61.0)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["missing"] == ["high/gspo_clip_higher/seed3"]
+
+    # effect: hard pass@1 GAPO 0.5, 0.625, 0.375 vs clip-higher 0.25, 0.375, 0.25 -> 0.25, 0.25, 0.125
+    effect = report["primary"]["effect"]["result"]
+    mean = 0.625 / 3
+    sd = math.sqrt((2 * (0.25 - mean) ** 2 + (0.125 - mean) ** 2) / 2)
+    half = T975_2 * sd / math.sqrt(3)
+    assert (effect["n"], effect["mean"], effect["low"], effect["high"]) == pytest.approx((3, mean, mean - half, mean + half))
+    assert effect["dz"] == pytest.approx(mean / sd)
+    assert report["primary"]["effect"]["verdict"] == "the interval lies above 0"
+    assert report["primary"]["effect"]["power"]["mde"] == pytest.approx((T975_2 + stats.t_quantile(0.8, 2)) * sd / math.sqrt(3))
+
+    # diagnosis: symmetric clip small-c 0.4, 0.5, 0.6 at step 1 and 0.2 at step 2 -> (0.3, 0.35, 0.4) - 0.2
+    diagnosis = report["primary"]["diagnosis"]["result"]
+    assert (diagnosis["mean"], diagnosis["sd"]) == pytest.approx((0.15, 0.05))
+    assert diagnosis["low"] == pytest.approx(0.15 - T975_2 * 0.05 / math.sqrt(3))
+
+    # high-pass: paired over the two seeds both have: GAPO 0.875, 0.875 vs clip-higher 1.0, 0.75 -> -0.125, +0.125
+    high = report["primary"]["high_pass"]["result"]
+    assert (high["n"], high["mean"], high["sd"]) == pytest.approx((2, 0.0, 0.125 * math.sqrt(2)))
+    assert report["primary"]["high_pass"]["verdict"].startswith("the interval includes 0: no difference detected")
+    stability = report["stability"]
+    assert stability["gspo_symmetric"] == {"runs": 3, "drops": 1, "collapses": 1}  # seed 1: 0.75 -> 0.5, distinct 1
+    assert stability["gapo_linear"] == {"runs": 3, "drops": 0, "collapses": 0}
+    assert stability["gspo_clip_higher"]["runs"] == 2
+
+    # a secondary: GAPO minus the symmetric clip in hard pass@1 (0.125, 0.25, 0.25 there)
+    vs = report["tables"]["effect"]["pass1/hard"]["vs"]["gspo_symmetric"]
+    assert vs["mean"] == pytest.approx((0.375 + 0.375 + 0.125) / 3)
+    # worst drop of hard pass@1 from step 0 (0.125): the lowest of steps 4 and 8 (the same counts)
+    runs = report["runs"]["tail"]["gspo_symmetric"]
+    assert runs["1"]["worst_drop/hard"] == pytest.approx(0.0) and runs["1"]["pass1_change/hard"] == pytest.approx(0.0)
+    assert report["tables"]["effect"]["live_distinct"]["methods"]["gapo_linear"]["mean"] == pytest.approx(0.6)
+
+    md = (tmp_path / "report.md").read_text()
+    assert f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]" in md
+    assert "the interval lies above 0" in md and "a null result" in md
+    assert "Missing or unfinished runs (left out): high/gspo_clip_higher/seed3" in md
+    assert "Wall time 1.0 min" in md
+    assert any(line.startswith("Effect (primary)") and f"{mean:.3f}" in line for line in report["findings"])
+    assert "1 of 3 runs dropped" in md
+    assert paths[-1].name == "heldout_pass1.png"
+
+
+def test_a_run_with_other_settings_is_not_counted_done(tmp_path):
+    spec = RunSpec("tail", "gapo_linear", 1)
+    write_run(tmp_path, spec)
+    assert explore.is_done(run_dir(tmp_path, spec), SETTINGS)
+    assert not explore.is_done(run_dir(tmp_path, spec), replace(SETTINGS, learning_rate=0.01))
+    assert not explore.is_done(tmp_path / "nowhere", SETTINGS)
+
+
+def test_pilot_rule_picks_the_smallest_learning_rate_that_moves_the_hard_bucket(tmp_path):
+    still = {m: [[0, 1]] * 4 for m in METHODS}  # hard pass@1 stays at its step-0 value 0.125
+    for lr, hard in ((0.01, still), (0.03, None)):
+        settings = replace(SETTINGS, learning_rate=lr)
+        for spec in explore.specs(SEEDS):
+            write_run(tmp_path / f"lr{lr:g}", spec, settings, hard_final=hard[spec.method] if hard else None)
+    result = pilot_result({0.01: tmp_path / "lr0.01", 0.03: tmp_path / "lr0.03"}, SEEDS, SETTINGS)
+    assert result["moving"] == [0.03] and result["chosen_lr"] == 0.03
+    # GAPO moved 0.375, 0.5, 0.25 from 0.125 at 0.03
+    assert result["per_lr"][0.03]["moves"]["gapo_linear"]["mean"] == pytest.approx(0.375)
+    assert result["per_lr"][0.01]["moves"]["gapo_linear"]["mean"] == pytest.approx(0.0)
+    sd_effect = result["per_lr"][0.03]["primary"]["effect"]["result"]["sd"]
+    assert result["seeds"] == max(12, *(stats.seeds_needed(p["result"]["sd"], 0.05)
+                                        for p in result["per_lr"][0.03]["primary"].values()))
+    assert result["seeds"] >= stats.seeds_needed(sd_effect, 0.05) > 12  # sd 0.072: 12 seeds detect only ~0.064
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+    (["--reduced", "--pilot"], "two different studies"),
+    (["--steps", "0"], "steps must be an integer >= 1, got 0"),
+    (["--lr", "-1"], "learning_rate must be > 0, got -1.0"),
+])
+def test_command_line_refuses_bad_settings_before_training(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        explore.main(["--out", str(tmp_path / "s"), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
