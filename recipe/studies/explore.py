@@ -83,6 +83,7 @@ def _worker_init(threads: int) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
 
 
 def _run(spec: RunSpec, out: str, model_dir: str, settings: StudySettings) -> dict:
@@ -97,6 +98,9 @@ def run_all(out: Path, run_specs: list[RunSpec], settings: StudySettings, jobs: 
     from gapo.smoke.tiny_model import build_tiny_model
 
     settings.validate()
+    import transformers
+
+    transformers.logging.disable_progress_bar()
     model_dir = build_tiny_model(out / "tiny")
     todo = [s for s in run_specs if not is_done(run_dir(out, s), settings)]
     kept = len(run_specs) - len(todo)
