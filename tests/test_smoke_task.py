@@ -183,3 +183,21 @@ def test_random_model_gives_mixed_groups_with_spread_rates(tok_and_model):
     by_size = [r for _, r in sorted(zip(sizes, rates))]
     half = n_prompts // 2
     assert sum(by_size[half:]) / half - sum(by_size[:half]) / half >= 0.1, (sizes, rates)
+
+
+def test_skewed_sets_favour_frequent_characters_and_stay_deterministic():
+    from gapo.smoke.task import FREQUENCY_ORDER
+
+    def has_top(rows):
+        return sum(FREQUENCY_ORDER[0] in r["reward_model"]["ground_truth"] for r in rows) / len(rows)
+
+    uniform = make_rows(2000, seed=0, split="train", min_size=1, max_size=4)
+    skewed = make_rows(2000, seed=0, split="train", min_size=1, max_size=4, skew=1.0)
+    # uniform: a given character is in a set of 1-4 of 36 with probability 2.5 / 36 = 0.069; Zipf(1): near one half
+    assert 0.05 < has_top(uniform) < 0.09 and has_top(skewed) > 0.4
+    assert all(len(set(r["reward_model"]["ground_truth"])) == len(r["reward_model"]["ground_truth"]) for r in skewed)
+    assert skewed == make_rows(2000, seed=0, split="train", min_size=1, max_size=4, skew=1.0)
+    assert make_rows(5, seed=0, split="train", skew=0.0) == make_rows(5, seed=0, split="train")
+    for bad in (-1, float("nan"), "1"):
+        with pytest.raises(ValueError, match="skew must be a finite number >= 0"):
+            make_rows(1, seed=0, split="train", skew=bad)

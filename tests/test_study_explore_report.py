@@ -199,9 +199,12 @@ def test_pilot_rule_picks_the_smallest_learning_rate_that_moves_the_hard_bucket(
     assert result["per_lr"][0.03]["moves"]["gapo_linear"]["mean"] == pytest.approx(0.375)
     assert result["per_lr"][0.01]["moves"]["gapo_linear"]["mean"] == pytest.approx(0.0)
     sd_effect = result["per_lr"][0.03]["primary"]["effect"]["result"]["sd"]
-    assert result["seeds"] == max(12, *(stats.seeds_needed(p["result"]["sd"], 0.05)
-                                        for p in result["per_lr"][0.03]["primary"].values()))
-    assert result["seeds"] >= stats.seeds_needed(sd_effect, 0.05) > 12  # sd 0.072: 12 seeds detect only ~0.064
+    needed = {q: stats.seeds_needed(p["result"]["sd"], 0.05) for q, p in result["per_lr"][0.03]["primary"].items()}
+    assert result["needed"] == needed
+    assert result["seeds"] == min(24, max(12, *needed.values()))
+    assert stats.seeds_needed(sd_effect, 0.05) > 12  # sd 0.072: 12 seeds detect only ~0.064
+    # the high-pass primary (sd 0.177 over two seeds) needs more than 24: capped, and said
+    assert needed["high_pass"] > 24 and result["seeds"] == 24 and result["underpowered"] == ["high_pass"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -22,6 +22,7 @@ CLI: ``python -m gapo.smoke.task --out DIR`` writes ``train.parquet`` and ``val.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from pathlib import Path
 
@@ -43,15 +44,32 @@ def make_prompt(allowed: str) -> str:
     return PROMPT_PREFIX + " ".join(allowed)
 
 
+# The characters by frequency rank when sets are drawn with a skew (`make_rows(skew=...)`): a fixed shuffle, so the most
+# frequent character is not simply "0".
+FREQUENCY_ORDER = tuple(random.Random("gapo-smoke/frequency").sample(CHOICE_POOL, len(CHOICE_POOL)))
+
+
+def _skewed_sample(rng: random.Random, size: int, skew: float) -> list[str]:
+    """`size` distinct characters drawn without replacement with weight 1 / rank^skew (rank 1 = FREQUENCY_ORDER[0]):
+    each character's key u^(1/w) with u uniform, the `size` largest keys win (Efraimidis and Spirakis, 2006)."""
+    keys = [(rng.random() ** (rank ** skew), char) for rank, char in enumerate(FREQUENCY_ORDER, 1)]
+    return [char for _, char in sorted(keys, reverse=True)[:size]]
+
+
 def make_rows(n: int, *, seed: int, split: str,
               min_size: int = MIN_SET_SIZE, max_size: int = MAX_SET_SIZE, data_source: str = DATA_SOURCE,
-              bucket: str | None = None) -> list[dict]:
-    """``n`` rows in verl's RL parquet schema; deterministic given (seed, split, bucket).
+              bucket: str | None = None, skew: float = 0.0) -> list[dict]:
+    """``n`` rows in verl's RL parquet schema; deterministic given (seed, split, bucket, skew).
 
     ``data_source`` is what verl groups validation metrics by (a difficulty bucket's source for the study's
-    held-out rows); ``bucket``, when given, is kept in ``extra_info`` and salts the random stream."""
+    held-out rows); ``bucket``, when given, is kept in ``extra_info`` and salts the random stream. ``skew`` > 0 draws
+    the allowed sets with Zipf weights 1 / rank^skew over FREQUENCY_ORDER (some answers are common, as in real
+    tasks), which gives a policy something to learn that carries over to new prompts, the hard ones included; 0 (the
+    default) draws every set uniformly."""
     if not 1 <= min_size <= max_size <= len(CHOICE_POOL):
         raise ValueError(f"need 1 <= min_size <= max_size <= {len(CHOICE_POOL)}")
+    if not (isinstance(skew, int | float) and math.isfinite(skew) and skew >= 0):
+        raise ValueError(f"skew must be a finite number >= 0 (0: uniform sets), got {skew!r}")
     # A string seed is hashed deterministically by random.Random (unlike hash()), and keeps the
     # train and val streams independent.
     rng = random.Random(f"{seed}/{split}" + (f"/{bucket}" if bucket else ""))
@@ -59,7 +77,7 @@ def make_rows(n: int, *, seed: int, split: str,
     for i in range(n):
         size = rng.randint(min_size, max_size)
         # Sorted so the same set always reads the same; the set itself is uniformly random.
-        allowed = "".join(sorted(rng.sample(CHOICE_POOL, size)))
+        allowed = "".join(sorted(_skewed_sample(rng, size, skew) if skew else rng.sample(CHOICE_POOL, size)))
         rows.append({
             "data_source": data_source,
             "prompt": [{"role": "user", "content": make_prompt(allowed)}],

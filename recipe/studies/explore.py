@@ -34,6 +34,9 @@ SEEDS = tuple(range(1, 13))
 PILOT_SEEDS = (101, 102, 103, 104)
 # The pilot's grid: learning rates tried, each with every method and both regimes at the study's other settings.
 PILOT_LEARNING_RATES = (1e-2, 3e-2)
+# The most seeds the pilot's rule may ask for: 24 seeds x 3 methods x 2 regimes is ~45 minutes on 2 cores at the
+# pilot's speed, inside the hour the study may take. A primary that needs more is reported as underpowered.
+MAX_SEEDS = 24
 # The smallest true difference worth detecting, in the primary outcomes' units (held-out pass@1 and clip fraction,
 # both fractions): 0.05, about two thirds of the hard bucket's base pass@1 (~0.07).
 MEANINGFUL = 0.05
@@ -133,7 +136,7 @@ def study_settings(args) -> tuple[list[RunSpec], StudySettings, str]:
     settings = StudySettings()
     if args.reduced:
         settings = replace(settings, **REDUCED["settings"])
-    overrides = {name: getattr(args, name) for name in ("steps", "lr") if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in ("steps", "lr", "skew") if getattr(args, name) is not None}
     if "lr" in overrides:
         overrides["learning_rate"] = overrides.pop("lr")
     settings = replace(settings, **overrides)
@@ -156,6 +159,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {SEEDS[0]}..{SEEDS[-1]})")
     p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {StudySettings.steps})")
     p.add_argument("--lr", type=float, help=f"learning rate (default {StudySettings.learning_rate})")
+    p.add_argument("--skew", type=float, help=f"Zipf skew of the allowed sets, 0 uniform (default {StudySettings.skew})")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from the runs there, train nothing")
     p.add_argument("--fresh", action="store_true", help="delete OUT/runs first (default: keep finished runs)")
     return p

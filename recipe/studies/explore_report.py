@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 
 from recipe.studies import stats
-from recipe.studies.explore import MEANINGFUL, PILOT_LEARNING_RATES, PRIMARY, SEEDS, run_dir
+from recipe.studies.explore import MAX_SEEDS, MEANINGFUL, PILOT_LEARNING_RATES, PRIMARY, SEEDS, run_dir
 from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings, eval_steps
 
 SMALL_C = (1, 2)
@@ -406,12 +406,15 @@ def pilot_result(lr_dirs: dict[float, Path], seeds, settings: StudySettings) -> 
     moving = [lr for lr in sorted(per_lr) if any(s is not None and s["mean"] >= MEANINGFUL and s["low"] is not None
                                                  and s["low"] > 0 for s in per_lr[lr]["moves"].values())]
     chosen = moving[0] if moving else max(per_lr)
-    needed = [p["power"]["seeds_needed"] for p in per_lr[chosen]["primary"].values() if p["power"]]
-    return {"per_lr": per_lr, "moving": moving, "chosen_lr": chosen,
-            "seeds": max([len(SEEDS), *[n for n in needed if n is not None]]),
+    needed = {q: p["power"]["seeds_needed"] for q, p in per_lr[chosen]["primary"].items() if p["power"]}
+    wanted = max([len(SEEDS), *[MAX_SEEDS + 1 if n is None else n for n in needed.values()]])
+    return {"per_lr": per_lr, "moving": moving, "chosen_lr": chosen, "needed": needed,
+            "seeds": min(wanted, MAX_SEEDS),
+            "underpowered": sorted(q for q, n in needed.items() if n is None or n > MAX_SEEDS),
             "rule": f"the smallest learning rate at which some method's hard-bucket held-out pass@1 rose from step 0 "
                     f"by at least {MEANINGFUL} with its interval above 0; seeds = max({len(SEEDS)}, the most any "
-                    f"primary outcome needs to detect {MEANINGFUL} with 80% power at its pilot sd)"}
+                    f"primary outcome needs to detect {MEANINGFUL} with 80% power at its pilot sd), at most "
+                    f"{MAX_SEEDS} (the hour's budget)"}
 
 
 def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySettings, wall_s) -> list[Path]:
@@ -433,7 +436,11 @@ def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySet
             lines.append(f"| {lr:g} | {LABEL[method]} | {fmt_interval(r['moves'][method])} | " + " | ".join(cells)
                          + " |")
     lines += ["", f"Moves the hard bucket: {', '.join(f'{lr:g}' for lr in result['moving']) or 'no learning rate'}. "
-              f"Chosen: learning rate {result['chosen_lr']:g}, {result['seeds']} seeds."]
+              f"Seeds each primary needs at the chosen rate: "
+              + ", ".join(f"{q} {'more than 1000' if n is None else n}" for q, n in result["needed"].items())
+              + f". Chosen: learning rate {result['chosen_lr']:g}, {result['seeds']} seeds"
+              + (f"; underpowered (needs more than {MAX_SEEDS}): {', '.join(result['underpowered'])}"
+                 if result["underpowered"] else "") + "."]
     paths = [out / "pilot.json", out / "pilot.md"]
     paths[0].write_text(json.dumps(result, indent=1, default=str) + "\n")
     paths[1].write_text("\n".join(lines) + "\n")

@@ -76,6 +76,7 @@ class StudySettings:
     eval_prompts: int = 24
     eval_samples: int = 16
     n_train: int = 512
+    skew: float = 1.0
     threads: int = 1
 
     def validate(self) -> None:
@@ -92,6 +93,8 @@ class StudySettings:
                             f"steps_per_generation ({self.steps_per_generation}) equal steps")
         if not 0 < self.eps_low <= self.eps_high_max:
             problems.append(f"need 0 < eps_low <= eps_high_max, got {self.eps_low} and {self.eps_high_max}")
+        if not self.skew >= 0:
+            problems.append(f"skew must be >= 0 (0: uniform allowed sets), got {self.skew}")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
         if problems:
@@ -103,10 +106,10 @@ def eval_steps(settings: StudySettings) -> list[int]:
     return sorted({0, *range(settings.eval_every, settings.steps + 1, settings.eval_every), settings.steps})
 
 
-def prompt_rows(regime: str, n: int, split: str, seed: int) -> list[dict]:
+def prompt_rows(regime: str, n: int, split: str, seed: int, skew: float = StudySettings.skew) -> list[dict]:
     """TRL conversational rows of a regime, its buckets in equal shares (held-out: `n` per bucket), each with its
     `allowed` set and `bucket`. Held-out rows do not depend on the run's seed (every run is scored on the same
-    prompts); train rows do (their order and draw)."""
+    prompts); train rows do (their order and draw). `skew`: the allowed sets' Zipf skew (`gapo.smoke.task.make_rows`)."""
     import random
 
     from gapo.smoke.task import make_rows
@@ -117,7 +120,7 @@ def prompt_rows(regime: str, n: int, split: str, seed: int) -> list[dict]:
     rows = []
     for (bucket, (low, high)), count in zip(buckets.items(), shares):
         for row in make_rows(count, seed=seed, split=f"explore-{regime}-{split}", min_size=low, max_size=high,
-                             bucket=bucket):
+                             bucket=bucket, skew=skew):
             rows.append({"prompt": row["prompt"], "allowed": row["reward_model"]["ground_truth"], "bucket": bucket})
     random.Random(f"{seed}/{regime}/{split}/order").shuffle(rows)
     return rows
@@ -209,8 +212,8 @@ def run_one(spec: RunSpec, out: Path, model_dir: Path, settings: StudySettings) 
     torch.set_num_threads(settings.threads)
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    train = prompt_rows(spec.regime, settings.n_train, "train", spec.seed)
-    heldout = prompt_rows(spec.regime, settings.eval_prompts, "val", 0)
+    train = prompt_rows(spec.regime, settings.n_train, "train", spec.seed, settings.skew)
+    heldout = prompt_rows(spec.regime, settings.eval_prompts, "val", 0, settings.skew)
     callbacks = [MetricsFileCallback(out / "metrics.jsonl"),
                  heldout_callback(heldout, tokenizer, eval_steps(settings), settings, spec.seed, out / "heldout.jsonl")]
     trainer = GAPOGRPOTrainer(model=str(model_dir), reward_funcs=smoke_reward, args=trl_args(spec, out, settings),
