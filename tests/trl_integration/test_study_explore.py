@@ -99,9 +99,9 @@ def test_reduced_study_runs_resumes_and_reports_what_the_files_hold(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     settings = replace(StudySettings(), **REDUCED["settings"])
     run_specs = specs(REDUCED["seeds"])
-    assert len(run_specs) == 18
-    assert "18 runs: 0 done before (kept), 18 to train, 2 at once" in first.stdout
-    assert "18/18" in first.stdout and "min left" in first.stdout
+    assert len(run_specs) == 12
+    assert "12 runs: 0 done before (kept), 12 to train, 2 at once" in first.stdout
+    assert "12/12" in first.stdout and "min left" in first.stdout
     for spec in run_specs:
         folder = run_dir(out, spec)
         heldout = read_heldout(folder / "heldout.jsonl")
@@ -135,5 +135,5 @@ def test_reduced_study_runs_resumes_and_reports_what_the_files_hold(tmp_path):
     (run_dir(out, RunSpec("high", "gapo_linear", 2)) / "done.json").unlink()
     second = run_reduced(out)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "18 runs: 17 done before (kept), 1 to train" in second.stdout
+    assert "12 runs: 11 done before (kept), 1 to train" in second.stdout
     assert "high/gapo_linear/seed2" in second.stdout
