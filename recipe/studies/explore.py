@@ -60,6 +60,7 @@ REDUCED = {"seeds": (1, 2), "settings": {"steps": 8, "eval_every": 4, "eval_prom
 
 
 def run_dir(out: Path, spec: RunSpec) -> Path:
+    """OUT/runs/<regime>/<method>/seed<s>: where a run writes its files."""
     return out / "runs" / spec.regime / spec.method / f"seed{spec.seed}"
 
 
@@ -148,6 +149,7 @@ def study_settings(args) -> tuple[list[RunSpec], StudySettings, str]:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of the module docstring."""
     p = argparse.ArgumentParser(prog="python -m recipe.studies.explore", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--out", type=Path, help="output folder (default runs/study-explore, -reduced, -pilot)")
@@ -166,6 +168,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
+    """Run the study, the reduced study or the pilot (resuming what is done), then write its report."""
     args = parser().parse_args(argv)
     if args.jobs < 1:
         parser().error(f"--jobs must be >= 1, got {args.jobs}")

@@ -182,10 +182,12 @@ def primary_verdict(result: dict | None) -> str:
 
 
 def fmt(value, digits: int = 3) -> str:
+    """A number with `digits` decimals (a sign when negative), "-" for None."""
     return "-" if value is None else f"{value:+.{digits}f}" if value < 0 else f"{value:.{digits}f}"
 
 
 def fmt_interval(result: dict | None) -> str:
+    """"mean [low, high]" of a `stats.summary`, "mean (1 seed)" without an interval, "-" for None."""
     if result is None:
         return "-"
     if result["low"] is None:
@@ -360,6 +362,7 @@ def write_report(out: Path, seeds, settings: StudySettings, mode: str, wall_s: f
 
 
 def render(result: dict, figure: Path | None) -> str:
+    """report.md from write_report's result: setup, primaries, findings, one table per question."""
     s = result["settings"]
     lines = [f"# Exploration study: GAPO vs fixed clips ({result['mode']})", ""]
     if result["mode"] == "reduced":

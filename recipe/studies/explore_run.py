@@ -54,6 +54,7 @@ class RunSpec:
 
     @property
     def name(self) -> str:
+        """regime/method/seed<s>, as printed and as the run folder's path under OUT/runs."""
         return f"{self.regime}/{self.method}/seed{self.seed}"
 
 
@@ -80,6 +81,7 @@ class StudySettings:
     threads: int = 1
 
     def validate(self) -> None:
+        """Raise ValueError naming every bad setting and its value."""
         problems = []
         for name in ("steps", "k", "prompts_per_generation", "steps_per_generation", "max_completion_length",
                      "eval_every", "eval_prompts", "eval_samples", "n_train", "threads"):
