@@ -88,6 +88,9 @@ def test_live_numbers_read_the_last_quarter():
     live = live_numbers(metrics, 8)
     assert live["live_distinct"] == pytest.approx(0.7) and live["reward"] == pytest.approx(1.0)
     assert live["entropy_success"] is None
+    # quarters of 8 steps: (0, 2], (2, 4], (4, 6], (6, 8]
+    assert [live[f"live_distinct@q{j}"] for j in range(1, 5)] == pytest.approx([0.15, 0.35, 0.55, 0.7])
+    assert [live[f"reward@q{j}"] for j in range(1, 5)] == pytest.approx([0, 0, 0, 1])
 
 
 # --- a constructed study ------------------------------------------------------------------------------------------
@@ -169,7 +172,14 @@ def test_report_numbers_and_sentences_from_constructed_runs(tmp_path):
     assert runs["1"]["worst_drop/hard"] == pytest.approx(0.0) and runs["1"]["pass1_change/hard"] == pytest.approx(0.0)
     assert report["tables"]["effect"]["live_distinct"]["methods"]["gapo_linear"]["mean"] == pytest.approx(0.6)
 
+    # over training: hard pass@1 of GAPO at steps 0, 4, 8 (0.125 at step 0 for every seed; 0.5, 0.625, 0.375 after)
+    over = report["heldout_over_training"]["tail/hard"]["gapo_linear"]
+    assert over["0"]["mean"] == pytest.approx(0.125) and over["0"]["sd"] == pytest.approx(0.0)
+    assert over["8"]["mean"] == pytest.approx(0.5) and over["4"]["mean"] == pytest.approx(0.5)
+    quarter4 = report["quarters"]["tail"]["live_distinct"]["gapo_linear"][3]
+    assert quarter4["mean"] == pytest.approx(0.6) and report["quarters"]["tail"]["live_distinct"]["gapo_linear"][0] is None
     md = (tmp_path / "report.md").read_text()
+    assert "| tail/hard | step 0 | step 4 | step 8 |" in md and "verl plug-in's on a shared batch" in md
     assert f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]" in md
     assert "the interval lies above 0" in md and "a null result" in md
     assert "Missing or unfinished runs (left out): high/gspo_clip_higher/seed3" in md

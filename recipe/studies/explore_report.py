@@ -29,6 +29,9 @@ from recipe.studies import stats
 from recipe.studies.explore import MAX_SEEDS, MEANINGFUL, PILOT_LEARNING_RATES, PRIMARY, SEEDS, run_dir
 from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings, eval_steps
 
+ENGINE = ("TRL's GRPOTrainer with GAPO's loss (gapo.integrations.trl) on CPU; its loss, gradient and per-c clip "
+          "diagnostics equal the verl plug-in's on a shared batch for each method as configured here "
+          "(tests/trl_integration/test_study_explore.py)")
 SMALL_C = (1, 2)
 LARGE_C = (6, 7)
 PASS_K = 8
@@ -102,9 +105,14 @@ def clip_numbers(metrics: dict[int, dict[str, float]]) -> dict[str, float | None
 
 
 def live_numbers(metrics: dict[int, dict[str, float]], steps: int) -> dict[str, float | None]:
-    """The exploration instruments and reward over the last quarter of the steps (module docstring)."""
-    last = [row for step, row in metrics.items() if step > 0.75 * steps and step <= steps]
-    return {name: _mean(row.get(key) for row in last) for name, key in LIVE.items()}
+    """The exploration instruments and reward over the last quarter of the steps (module docstring), and over each
+    quarter j = 1..4 (steps in ((j-1)/4, j/4] of them) as `<name>@q<j>`: the same numbers over training."""
+    out = {}
+    for j in range(1, 5):
+        rows = [row for step, row in metrics.items() if (j - 1) / 4 * steps < step <= j / 4 * steps]
+        out.update({f"{name}@q{j}": _mean(row.get(key) for row in rows) for name, key in LIVE.items()})
+    out.update({name: out[f"{name}@q4"] for name in LIVE})
+    return out
 
 
 def run_outcomes(path: Path, settings: StudySettings) -> dict[str, float | None]:
@@ -247,6 +255,15 @@ def _metric_key(metric: str) -> str:
     return metric
 
 
+OVER_TRAINING = ("reward", "live_distinct", "live_coverage", "entropy_success", "entropy_failure")
+
+
+def quarter_rows(found: dict, regime: str) -> dict:
+    """{metric: {method: [summary of quarter 1, .., 4]}}: the live instruments over training, per method."""
+    return {metric: {m: [method_summary(found, regime, m, f"{metric}@q{j}") for j in range(1, 5)] for m in METHODS}
+            for metric in OVER_TRAINING}
+
+
 def tables(found: dict) -> dict:
     """Per question: each method's summary and the paired comparisons of GAPO with each fixed clip."""
     def block(regime, metrics):
@@ -347,11 +364,17 @@ def _table_md(block: dict, metrics) -> list[str]:
 def write_report(out: Path, seeds, settings: StudySettings, mode: str, wall_s: float | None) -> list[Path]:
     """report.json, report.md and figures/heldout_pass1.png under OUT from the runs there."""
     found, missing = collect(out, seeds, settings)
-    result = {"mode": mode, "engine": "TRL GRPOTrainer + GAPO loss (gapo.integrations.trl), CPU",
+    result = {"mode": mode, "engine": ENGINE,
               "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
               "seeds": list(seeds), "missing": missing, "wall_s": wall_s, "meaningful": MEANINGFUL,
               "primary": primaries(found), "tables": tables(found),
               "stability": {m: stability(found, "high", m, "high") for m in METHODS if found.get("high", {}).get(m)},
+              "quarters": {regime: quarter_rows(found, regime) for regime in REGIMES},
+              "heldout_over_training": {
+                  f"{regime}/{bucket}": {m: {str(step): r for step, r in
+                                             over_training(out, found, settings, regime, m, bucket).items()}
+                                         for m in METHODS}
+                  for regime, bucket in (("tail", "hard"), ("high", "high"))},
               "runs": {r: {m: {str(s): o for s, o in by.items()} for m, by in ms.items()} for r, ms in found.items()}}
     result["findings"] = findings(result)
     paths = [out / "report.json", out / "report.md"]
@@ -389,7 +412,22 @@ def render(result: dict, figure: Path | None) -> str:
     lines += _table_md(result["tables"]["effect"], EFFECT_METRICS)
     lines += ["", "## 3. High-pass regime", ""]
     lines += _table_md(result["tables"]["high_pass"], HIGH_METRICS)
-    lines += ["", "Each cell: mean across seeds [95% t interval]; comparisons are paired by seed. Secondary outcomes "
+    lines += ["", "## Over training", "", "Held-out pass@1 at each evaluated step (seed mean [95% interval]):", ""]
+    for name, by_method in result["heldout_over_training"].items():
+        steps = sorted({int(step) for by_step in by_method.values() for step in by_step})
+        lines += [f"| {name} | " + " | ".join(f"step {step}" for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+        for method, by_step in by_method.items():
+            lines.append(f"| {LABEL[method]} | " + " | ".join(fmt_interval(by_step.get(str(step))) for step in steps)
+                         + " |")
+        lines.append("")
+    lines += ["Live instruments by quarter of training (seed mean [95% interval]; quarter 4 is the tables' 'live'):", ""]
+    for regime, by_metric in result["quarters"].items():
+        lines += [f"| {regime} | method | quarter 1 | quarter 2 | quarter 3 | quarter 4 |", "|---|---|---|---|---|---|"]
+        for metric, by_method in by_metric.items():
+            for method, cells in by_method.items():
+                lines.append(f"| {metric} | {LABEL[method]} | " + " | ".join(fmt_interval(c) for c in cells) + " |")
+        lines.append("")
+    lines += ["Each cell: mean across seeds [95% t interval]; comparisons are paired by seed. Secondary outcomes "
               "are exploratory: with this many of them, some intervals exclude 0 by chance."]
     if figure:
         lines += ["", f"![held-out pass@1 over training]({figure.relative_to(figure.parent.parent)})"]
