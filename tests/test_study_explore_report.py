@@ -229,3 +229,12 @@ def test_command_line_refuses_bad_settings_before_training(argv, message, capsys
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_report_only_names_the_settings_the_runs_there_were_trained_with(tmp_path, capsys):
+    write_run(tmp_path, RunSpec("tail", "gapo_linear", 1))
+    with pytest.raises(SystemExit):
+        explore.main(["--out", str(tmp_path), "--report-only", "--seeds", "1"])
+    err = capsys.readouterr().err
+    assert "none of the 6 runs" in err and "steps: 8 (now 200)" in err and "eval_samples: 4 (now 16)" in err
+    assert not (tmp_path / "report.md").exists()

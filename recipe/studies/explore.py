@@ -66,11 +66,18 @@ def run_dir(out: Path, spec: RunSpec) -> Path:
 
 def is_done(path: Path, settings: StudySettings) -> bool:
     """A run counts as done when its done.json exists and records the current settings."""
+    return settings_differ(path, settings) == []
+
+
+def settings_differ(path: Path, settings: StudySettings) -> list[str] | None:
+    """None when the run has no done.json (not finished); else the settings its done.json records otherwise than
+    `settings`, as "name: theirs (now ours)" ([] when it was trained with these)."""
     try:
         done = json.loads((path / "done.json").read_text())
     except (OSError, ValueError):
-        return False
-    return done.get("settings") == asdict(settings)
+        return None
+    theirs, ours = done.get("settings") or {}, asdict(settings)
+    return [f"{name}: {theirs.get(name, 'unset')} (now {ours[name]})" for name in ours if theirs.get(name) != ours[name]]
 
 
 def specs(seeds, regimes=tuple(REGIMES), methods=tuple(METHODS)) -> list[RunSpec]:
@@ -198,6 +205,11 @@ def main(argv=None) -> None:
     else:
         if not args.report_only:
             wall["all"] = run_all(out, run_specs, settings, args.jobs)
+        elif not any(is_done(run_dir(out, s), settings) for s in run_specs):
+            other = next((d for d in (settings_differ(run_dir(out, s), settings) for s in run_specs) if d), None)
+            parser().error(f"--report-only: none of the {len(run_specs)} runs under {out / 'runs'} finished with these "
+                           "settings" + (f"; runs there were trained with other settings ({'; '.join(other)}): pass "
+                                         "the same --steps / --lr / --skew / --reduced" if other else ""))
         from recipe.studies import explore_report
 
         paths = explore_report.write_report(out, sorted({s.seed for s in run_specs}), settings, mode,

@@ -285,9 +285,8 @@ def findings(result: dict) -> list[str]:
     prim, tab = result["primary"], result["tables"]
     d = prim["diagnosis"]["result"]
     if d is not None:
-        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, successes at c = 1-2 were clipped "
-                     f"{fmt_interval(d)} more often than at c = 6-7 (in fraction points): "
-                     f"{prim['diagnosis']['verdict']}.")
+        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = 1-2 "
+                     f"minus that at c = 6-7 was {fmt_interval(d)}: {prim['diagnosis']['verdict']}.")
     dev = tab["diagnosis"]["dev_gap"]["methods"]
     for method in ("gspo_symmetric", "gspo_clip_higher"):
         if dev[method] is not None:
@@ -342,7 +341,8 @@ def _figure(out: Path, found: dict, settings: StudySettings) -> Path | None:
                 ax.fill_between(steps, [table[s]["low"] for s in steps], [table[s]["high"] for s in steps], alpha=0.2)
         ax.set_title(f"{regime}: held-out pass@1, {bucket}")
         ax.set_xlabel("step")
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = out / "figures" / "heldout_pass1.png"
     path.parent.mkdir(parents=True, exist_ok=True)
