@@ -28,8 +28,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# The methods: (schedule, eps_high_max is eps_low?) -> the clip. The fixed clips run as GAPO's constant schedule,
-# which equals a fixed clip and still logs the per-c diagnostics.
+# The methods: GAPO's schedule, and whether the upper clip of a success is eps_low (symmetric) or eps_high_max at its
+# widest. The fixed clips run as GAPO's constant schedule, which equals a fixed clip and still logs the per-c
+# diagnostics.
 METHODS = {
     "gspo_symmetric": {"schedule": "constant", "symmetric": True},
     "gspo_clip_higher": {"schedule": "constant", "symmetric": False},
@@ -146,11 +147,6 @@ def trl_args(spec: RunSpec, out: Path, settings: StudySettings):
         exploration={"entrance_tokens": 1}, disable_tqdm=True, log_level="warning")
 
 
-class HeldOutCallback:
-    """Samples the held-out prompts before training and after each of `steps` (a TrainerCallback; built by
-    `heldout_callback`, which subclasses transformers' class lazily)."""
-
-
 def heldout_callback(rows: list[dict], tokenizer, steps: list[int], settings: StudySettings, seed: int, path: Path):
     """A TrainerCallback writing one `heldout.jsonl` line per bucket at each step of `steps` (module docstring)."""
     import torch
@@ -184,7 +180,7 @@ def heldout_callback(rows: list[dict], tokenizer, steps: list[int], settings: St
             for bucket, entry in per_bucket.items():
                 f.write(json.dumps({"step": step, "bucket": bucket, "n": settings.eval_samples, **entry}) + "\n")
 
-    class _HeldOut(TrainerCallback, HeldOutCallback):
+    class HeldOut(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if 0 in steps:
                 evaluate(model, 0)
@@ -193,7 +189,7 @@ def heldout_callback(rows: list[dict], tokenizer, steps: list[int], settings: St
             if state.global_step in steps and state.global_step > 0:
                 evaluate(model, state.global_step)
 
-    return _HeldOut()
+    return HeldOut()
 
 
 def run_one(spec: RunSpec, out: Path, model_dir: Path, settings: StudySettings) -> dict:
