@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 
 from recipe.studies import stats
-from recipe.studies.explore import MAX_SEEDS, MEANINGFUL, PILOT_LEARNING_RATES, PRIMARY, SEEDS, run_dir
+from recipe.studies.explore import MAX_SEEDS, MEANINGFUL, MIN_SEEDS, PILOT_LEARNING_RATES, PRIMARY, run_dir
 from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings, eval_steps
 
 ENGINE = ("TRL's GRPOTrainer with GAPO's loss (gapo.integrations.trl) on CPU; its loss, gradient and per-c clip "
@@ -448,12 +448,12 @@ def pilot_result(lr_dirs: dict[float, Path], seeds, settings: StudySettings) -> 
                                                  and s["low"] > 0 for s in per_lr[lr]["moves"].values())]
     chosen = moving[0] if moving else max(per_lr)
     needed = {q: p["power"]["seeds_needed"] for q, p in per_lr[chosen]["primary"].items() if p["power"]}
-    wanted = max([len(SEEDS), *[MAX_SEEDS + 1 if n is None else n for n in needed.values()]])
+    wanted = max([MIN_SEEDS, *[MAX_SEEDS + 1 if n is None else n for n in needed.values()]])
     return {"per_lr": per_lr, "moving": moving, "chosen_lr": chosen, "needed": needed,
             "seeds": min(wanted, MAX_SEEDS),
             "underpowered": sorted(q for q, n in needed.items() if n is None or n > MAX_SEEDS),
             "rule": f"the smallest learning rate at which some method's hard-bucket held-out pass@1 rose from step 0 "
-                    f"by at least {MEANINGFUL} with its interval above 0; seeds = max({len(SEEDS)}, the most any "
+                    f"by at least {MEANINGFUL} with its interval above 0; seeds = max({MIN_SEEDS}, the most any "
                     f"primary outcome needs to detect {MEANINGFUL} with 80% power at its pilot sd), at most "
                     f"{MAX_SEEDS} (the hour's budget)"}
 
@@ -465,7 +465,7 @@ def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySet
              f"Seeds {list(seeds)}; learning rates {list(PILOT_LEARNING_RATES)}; other settings the study's."
              + (f" Wall time {wall_s / 60:.1f} min." if wall_s else ""), "", f"Rule: {result['rule']}.", "",
              "| learning rate | method | hard pass@1 change from step 0 | "
-             + " | ".join(f"{q} sd (mde at {len(SEEDS)} seeds)" for q in PRIMARY) + " |",
+             + " | ".join(f"{q} sd (mde at {MIN_SEEDS} / {MAX_SEEDS} seeds)" for q in PRIMARY) + " |",
              "|---" * (3 + len(PRIMARY)) + "|"]
     for lr, r in result["per_lr"].items():
         for method in METHODS:
@@ -473,7 +473,8 @@ def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySet
             for q in PRIMARY:
                 p = r["primary"][q]
                 sd = p["result"]["sd"] if p["result"] else None
-                cells.append("-" if sd is None else f"{sd:.3f} ({stats.minimum_detectable(sd, len(SEEDS)):.3f})")
+                cells.append("-" if sd is None else f"{sd:.3f} ({stats.minimum_detectable(sd, MIN_SEEDS):.3f} / "
+                                                    f"{stats.minimum_detectable(sd, MAX_SEEDS):.3f})")
             lines.append(f"| {lr:g} | {LABEL[method]} | {fmt_interval(r['moves'][method])} | " + " | ".join(cells)
                          + " |")
     lines += ["", f"Moves the hard bucket: {', '.join(f'{lr:g}' for lr in result['moving']) or 'no learning rate'}. "

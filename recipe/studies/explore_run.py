@@ -70,7 +70,7 @@ class StudySettings:
     k: int = 8
     prompts_per_generation: int = 8
     steps_per_generation: int = 4
-    learning_rate: float = 3e-2
+    learning_rate: float = 3e-3
     eps_low: float = 0.02
     eps_high_max: float = 0.05
     max_completion_length: int = 8
