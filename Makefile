@@ -36,8 +36,8 @@
 #                  e.g. "--labels A B --steps 100:500"
 #   make study     seeded GSPO-vs-GAPO study on CPU through verl's trainer (4 methods x 3 seeds, about 30 min):
 #                  runs/study/report.md, report.json, figures/; REDUCED=1 one seed, two methods, 3 steps
-#   make study-explore  the powered exploration study through TRL (3 methods x 12 seeds x 2 regimes, ~20 min):
-#                  runs/study-explore/report.md; REDUCED=1 the CI check (~1 min); PILOT=1 the pilot (docs/studies.md)
+#   make study-explore  the powered exploration study through TRL (3 methods x 24 seeds x 2 regimes, ~40 min):
+#                  runs/study-explore/report.md; REDUCED=1 the CI check (16 s); PILOT=1 the pilot (docs/studies.md)
 #   make study-vigor  the 2x2 uniform/VIGOR x fixed/GAPO study (5 methods x 3 seeds): runs/study-vigor/;
 #                  REDUCED=1 one seed, three methods, 3 steps (CI runs it with the vLLM rollout)
 #   make reproduce TABLE=math|code|ablation   every run's command for that paper table; REPRODUCE_ARGS e.g.
@@ -259,8 +259,8 @@ STUDY_ARGS ?=
 study: install
 	$(PY) -m recipe.studies.gspo_vs_gapo --out $(STUDY_DIR) $(if $(REDUCED),--reduced) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
 
-# the powered exploration study (recipe/studies/explore.py, docs/studies.md): GAPO vs two fixed clips x 12 seeds on
-# the smoke task's hard tail and on a high-pass regime, through TRL in .venv-trl (~20 min on 2 cores, resumable);
+# the powered exploration study (recipe/studies/explore.py, docs/studies.md): GAPO vs two fixed clips x 24 seeds on
+# the smoke task's hard tail and on a high-pass regime, through TRL in .venv-trl (~40 min on 2 cores, resumable);
 # REDUCED=1 2 seeds x 8 steps (what CI runs); PILOT=1 the pilot that fixed its settings; STUDY_ARGS e.g. "--seeds 1 2"
 STUDY_EXPLORE_DIR ?= runs/study-explore$(if $(REDUCED),-reduced)$(if $(PILOT),-pilot)
 study-explore: install-trl

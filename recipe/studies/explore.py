@@ -3,8 +3,8 @@ hard tail and on prompts the base model mostly solves, through TRL's GRPOTrainer
 
     python -m recipe.studies.explore [--out runs/study-explore] [--jobs 2] [--reduced] [--pilot] [--report-only]
                                      [--fresh] [--seeds 1 2 ...] [--steps N] [--lr X]
-    make study-explore                 # the pre-registered study (144 runs, ~45 min on 2 cores)
-    make study-explore REDUCED=1       # 2 seeds x 8 steps, small held-out sets: what CI runs (~1 min)
+    make study-explore                 # the pre-registered study (144 runs, ~40 min on 2 cores)
+    make study-explore REDUCED=1       # 2 seeds x 8 steps, small held-out sets: what CI runs (16 s)
     make study-explore PILOT=1         # the pilot that fixed the learning rate and the seed count (docs/studies.md)
 
 The questions, the primary outcome of each, the meaningful difference and the methods are fixed here and in
