@@ -238,3 +238,26 @@ def test_report_only_names_the_settings_the_runs_there_were_trained_with(tmp_pat
     err = capsys.readouterr().err
     assert "none of the 6 runs" in err and "steps: 8 (now 200)" in err and "eval_samples: 4 (now 16)" in err
     assert not (tmp_path / "report.md").exists()
+
+
+def test_a_failed_run_stops_the_study_with_its_name_and_exit_1(tmp_path, capsys, monkeypatch):
+    def failing(out, run_specs, settings, jobs, echo=print):
+        raise RuntimeError("run tail/gapo_linear/seed3 failed (ValueError: boom); its folder is X; a rerun keeps the "
+                           "5 finished runs")
+
+    monkeypatch.setattr(explore, "run_all", failing)
+    assert explore.main(["--out", str(tmp_path), "--seeds", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "[study-explore] stopped: run tail/gapo_linear/seed3 failed (ValueError: boom)" in err
+    assert "a rerun keeps the 5 finished runs" in err and not (tmp_path / "report.md").exists()
+
+
+def test_fresh_wipes_the_pilots_runs_too(tmp_path, monkeypatch):
+    for lr in explore.PILOT_LEARNING_RATES:
+        write_run(tmp_path / f"lr{lr:g}", RunSpec("tail", "gapo_linear", 1))
+    seen = []
+    monkeypatch.setattr(explore, "run_all", lambda out, *a, **k: seen.append(out) or 0.0)
+    assert explore.main(["--out", str(tmp_path), "--pilot", "--fresh", "--seeds", "1"]) == 0
+    assert [p.name for p in seen] == [f"lr{lr:g}" for lr in explore.PILOT_LEARNING_RATES]
+    assert not any((tmp_path / f"lr{lr:g}" / "runs").exists() for lr in explore.PILOT_LEARNING_RATES)
+    assert (tmp_path / "pilot.md").exists()

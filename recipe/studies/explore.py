@@ -177,8 +177,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> None:
-    """Run the study, the reduced study or the pilot (resuming what is done), then write its report."""
+def main(argv=None) -> int:
+    """Run the study, the reduced study or the pilot (resuming what is done), then write its report; 1 when a run
+    failed (its name and folder printed; the finished runs stay for the rerun)."""
     args = parser().parse_args(argv)
     if args.jobs < 1:
         parser().error(f"--jobs must be >= 1, got {args.jobs}")
@@ -190,8 +191,19 @@ def main(argv=None) -> None:
         parser().error(str(err))
     out = args.out or Path("runs/study-explore" + {"study": "", "reduced": "-reduced", "pilot": "-pilot"}[mode])
     if args.fresh and not args.report_only:
-        shutil.rmtree(out / "runs", ignore_errors=True)
+        for folder in [out / "runs", *(out / f"lr{lr:g}" / "runs" for lr in PILOT_LEARNING_RATES)]:
+            shutil.rmtree(folder, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        paths = _train_and_report(args, out, run_specs, settings, mode)
+    except RuntimeError as err:  # a failed run: named, with what a rerun keeps
+        print(f"[study-explore] stopped: {err}", file=sys.stderr)
+        return 1
+    print("[study-explore] wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _train_and_report(args, out: Path, run_specs: list[RunSpec], settings: StudySettings, mode: str) -> list[Path]:
     wall = {}
     if mode == "pilot":
         for lr in PILOT_LEARNING_RATES:
@@ -217,7 +229,7 @@ def main(argv=None) -> None:
 
         paths = explore_report.write_report(out, sorted({s.seed for s in run_specs}), settings, mode,
                                             wall.get("all"))
-    print("[study-explore] wrote " + ", ".join(str(p) for p in paths))
+    return paths
 
 
 if __name__ == "__main__":
