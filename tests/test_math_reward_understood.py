@@ -41,7 +41,9 @@ SCREENED = {"unparsed", "sideless_relation", "negated", "unknown_operator"}
 
 @pytest.fixture(scope="module")
 def pool():
-    with VerifyPool(num_workers=2) as p:
+    # Legitimate items only: a soft timeout of 60 s, not the pool's default 3 s, which a busy machine can use up on
+    # an item needing a second of CPU (CI: solved_radical_bounds)
+    with VerifyPool(num_workers=2, soft_timeout_s=60.0, hard_timeout_s=120.0) as p:
         yield p
 
 
