@@ -1,12 +1,20 @@
-"""The session's smoke run at the cluster shape (2 FSDP ranks), with one rank's worker killed mid-step.
+"""The session's smoke run at the cluster shape (2 FSDP ranks), killed twice on its way to step 4.
 
-Used by tests/conftest.py's ``smoke_run`` (read by tests/test_trainer_e2e.py, tests/test_cluster_e2e.py and
-tests/test_eval_cli.py). The run is ``make smoke RANKS=2`` with a failure in the middle:
+Used by tests/conftest.py's ``smoke_run`` (read by tests/test_trainer_e2e.py, tests/test_cluster_e2e.py,
+tests/test_kill_resume.py and the evaluation's tests). The run is ``make smoke RANKS=2`` with two failures in the
+middle, each followed by a resume (one trained checkpoint series shared by the resume, cluster and evaluation tests):
 
-1. run1 (3 steps planned, a checkpoint every step, verl's rollout dump, GAPO's per-row loss and exploration dumps)
-   trains steps 1 and 2; once step 2 is logged (its checkpoint is committed before the log line) and step 3 is under way, the Ray worker
-   process of FSDP rank 1 is SIGKILLed. run1 must then end by itself, with an error that names the dead worker;
-2. run2 resumes from step 2 at the same world size and trains step 3.
+1. run1 (4 steps planned, a checkpoint every step, verl's rollout dump, GAPO's per-row loss and exploration dumps)
+   trains steps 1 and 2 and is SIGKILLed, whole process tree, inside the save of step 3: the actor is written,
+   data.pt and the tracker are not (deterministic: the trainer's test hook `GAPO_TEST_CHECKPOINT_PAUSE` holds the
+   save there);
+2. run2 must resume from step 2 (not the half-written step 3), trains and commits step 3 over the half-written
+   folder; once step 3 is logged and step 4 is under way, the Ray worker process of FSDP rank 1 is SIGKILLed. run2
+   must then end by itself, with an error that names the dead worker (the hook would hold a kill that came late
+   before step 4's commit, and the tests fail if the kill did not land inside step 4);
+3. run3 resumes from step 3 at the same world size and trains step 4.
+Each killed run's processes (Ray's raylet, GCS and workers included) are gone before the next run starts: every
+run has its own session, Ray temp dir and marker variable, and only processes carrying them are killed.
 """
 
 from __future__ import annotations
@@ -22,15 +30,20 @@ from pathlib import Path
 
 import psutil
 
-from gapo.supervisor import SupervisedRun, SupervisedRunError
-from recipe.smoke import (ROOT, SmokeCheckError, logged_steps, prepare, read_metrics, run_command, shape_overrides,
-                          train)
+from gapo.supervisor import MARKER_ENV, SupervisedRun, SupervisedRunError
+from recipe.smoke import ROOT, SmokeCheckError, logged_steps, prepare, read_metrics, run_command, shape_overrides, train
 
 RANKS = 2
-STEPS, TOTAL_STEPS = 2, 3  # steps before the kill; steps in all
-KILL_AFTER_S = 1.0  # into step 3 (a step takes 3 s or more here)
+STEPS, TOTAL_STEPS = 2, 3  # the 2-node run (lost_node_then_resumed): steps before the kill; steps in all
+SAVE_KILL_STEP = 3  # smoke run: run1 trains steps 1-2 and is killed inside the save of this step
+RANK_KILL_STEP = 4  # smoke run: run2 trains step 3 and loses rank 1 in this step; run3 trains it (the last step)
+# the steps each smoke run logged (a step is logged once, by the run that finished it)
+SMOKE_RUN_STEPS = {"run1": range(1, SAVE_KILL_STEP), "run2": range(SAVE_KILL_STEP, RANK_KILL_STEP),
+                   "run3": range(RANK_KILL_STEP, RANK_KILL_STEP + 1)}
+KILL_AFTER_S = 1.0  # into the step (a step takes 3 s or more here)
 END_BOUND_S = 120  # a run that lost a rank must end by itself within this (measured 3.8 s)
 RUN_TIMEOUT_S = 900
+TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def actor_workers(run: SupervisedRun) -> dict[int, psutil.Process]:
@@ -46,51 +59,115 @@ def actor_workers(run: SupervisedRun) -> dict[int, psutil.Process]:
     return workers
 
 
+def checkpoint_state(ckpt: Path) -> dict:
+    """{"tracker": the tracker's text or None, "folders": {global_step_N: sorted relative file paths}}."""
+    tracker = ckpt / TRACKER
+    return {"tracker": tracker.read_text() if tracker.exists() else None,
+            "folders": {p.name: sorted(q.relative_to(p).as_posix() for q in p.rglob("*") if q.is_file())
+                        for p in sorted(ckpt.glob("global_step_*"))}}
+
+
+class _Run:
+    """One supervised training run of the smoke preset started in the background, in its own session, Ray temp dir
+    and marker (gapo.supervisor.SupervisedRun), with the per-row dumps in ROWS_DIR/<name> and explore-<name>."""
+
+    def __init__(self, out: Path, name: str, overrides: list[str], rows_dir: Path, extra_env: dict):
+        cmd, env, self.metrics_file, self.log_file = run_command(out, name, RANK_KILL_STEP, overrides)
+        self.name = name
+        self.ray_tmp = tempfile.mkdtemp(prefix="gsk-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+        env = {k: v for k, v in env.items() if not k.startswith(("RAY_ADDRESS", MARKER_ENV, "GAPO_TEST_"))}
+        env.update(GAPO_DEBUG_LOSS_ROWS=str(rows_dir / name), GAPO_DEBUG_EXPLORE_ROWS=str(rows_dir / f"explore-{name}"),
+                   **extra_env)
+        self.started, self.ended = time.time(), None
+        self.run = SupervisedRun([*cmd, f"+ray_kwargs.ray_init._temp_dir={self.ray_tmp}"], env, self.log_file,
+                                 cwd=ROOT, timeout_s=RUN_TIMEOUT_S, grace_s=END_BOUND_S)
+        self.proc = self.run.proc
+
+    def wait_for_step(self, step: int) -> None:
+        """Until `step` is logged (its checkpoint is committed before its log line); fails if the run ends first."""
+        while step not in logged_steps(self.metrics_file):
+            if self.proc.poll() is not None or time.time() - self.started > RUN_TIMEOUT_S:
+                raise SmokeCheckError(f"{self.name} ended or hung before step {step}:\n{self.run.log_text()[-4000:]}")
+            time.sleep(0.2)
+
+    def wait_for_file(self, path: Path) -> None:
+        while not path.exists():
+            if self.proc.poll() is not None or time.time() - self.started > RUN_TIMEOUT_S:
+                raise SmokeCheckError(f"{self.name} ended or hung before {path.name}:\n{self.run.log_text()[-4000:]}")
+            time.sleep(0.2)
+
+    def sweep(self) -> None:
+        """SIGKILL whatever is left of the run (its session and marker) and remove its Ray temp dir."""
+        self.ended = self.ended or time.time()
+        try:
+            self.run.kill()
+        finally:
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+    def summary(self) -> dict:
+        return {"started": self.started, "wall_s": (self.ended or time.time()) - self.started, "peak_pss_bytes": self.run.peak_pss,
+                "steps": logged_steps(self.metrics_file), "ray_tmp": self.ray_tmp,
+                "log": self.log_file.read_text(errors="replace")}
+
+
+
 def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict:
-    """Runs 1 and 2 above; returns run_smoke's dict (run1, run2, ckpt_dir, runs, world_size) plus "kill": the killed
-    rank, its pid, the rank 0 pid, seconds from the kill to run1's exit, run1's exit code and log, run2's log."""
+    """Runs 1-3 above. Returns {"run1", "run2", "run3": {step: metrics}, "ckpt_dir", "world_size", "runs": [run1's,
+    run2's and run3's {"wall_s", "peak_pss_bytes", ...}], "states": the checkpoint folder after each run, "save_kill":
+    run1's summary, "kill": the killed rank, its pid, the rank 0 pid, seconds from the kill to run2's exit, run2's exit
+    code and log, whether step 4's save was reached, run3's log; "left": {run: its processes still alive}}."""
+    from gapo.verl_plugin.trainer import GAPOTrainer
+
     out = out.resolve()
     prepare(out)
+    ckpt = out / "checkpoints"
     overrides = [*shape_overrides(RANKS), *overrides]
-    cmd, env, metrics_file, log_file = run_command(out, "run1", TOTAL_STEPS, overrides)
-    ray_tmp = tempfile.mkdtemp(prefix="gsk-", dir="/tmp")
-    env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
-    env["GAPO_DEBUG_LOSS_ROWS"] = str(rows_dir / "run1")
-    env["GAPO_DEBUG_EXPLORE_ROWS"] = str(rows_dir / "explore-run1")
-    run = SupervisedRun([*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], env, log_file, cwd=ROOT,
-                        timeout_s=RUN_TIMEOUT_S, grace_s=END_BOUND_S)
-    started = time.time()
+    pause = GAPOTrainer.CHECKPOINT_PAUSE_ENV
+    runs, states = {}, {}
     try:
-        while STEPS not in logged_steps(metrics_file):
-            if run.proc.poll() is not None or time.time() - started > RUN_TIMEOUT_S:
-                raise SmokeCheckError(f"run1 ended or hung before step {STEPS}:\n{run.log_text()[-4000:]}")
-            time.sleep(0.2)
+        # run1: steps 1-2, then a SIGKILL of the whole tree inside the save of step 3 (actor written, no commit)
+        marker = out / f"paused_at_step_{SAVE_KILL_STEP}"
+        run1 = runs["run1"] = _Run(out, "run1", overrides, rows_dir, {pause: f"{SAVE_KILL_STEP}:{marker}"})
+        run1.wait_for_file(marker)
+        run1.sweep()
+        states["after_run1"] = checkpoint_state(ckpt)
+
+        # run2: resumes from step 2, commits step 3, loses rank 1's worker inside step 4
+        marker4 = out / f"paused_at_step_{RANK_KILL_STEP}"  # a kill that came late would find step 4 held here
+        run2 = runs["run2"] = _Run(out, "run2", overrides, rows_dir, {pause: f"{RANK_KILL_STEP}:{marker4}"})
+        run2.wait_for_step(RANK_KILL_STEP - 1)
         time.sleep(KILL_AFTER_S)
-        workers = actor_workers(run)
+        workers = actor_workers(run2.run)
         if sorted(workers) != list(range(RANKS)):
             raise SmokeCheckError(f"expected actor workers of ranks 0..{RANKS - 1}, found {sorted(workers)}")
         victim = workers[1]
         victim.kill()
         killed_at = time.time()
         try:
-            result = run.wait()  # the supervisor's own bound (grace_s after a logged actor death) is the backstop
+            result = run2.run.wait()  # the supervisor's own bound (grace_s after a logged actor death) is the backstop
             exit_code, ended_s = result.returncode, time.time() - killed_at
         except SupervisedRunError as err:
-            raise SmokeCheckError(f"run1 did not end by itself after rank 1 was killed: {err}") from None
+            raise SmokeCheckError(f"run2 did not end by itself after rank 1 was killed: {err}") from None
+        run2.sweep()
+        states["after_run2"] = checkpoint_state(ckpt)
+        states["step4_save_reached"] = marker4.exists()
     finally:
-        run.kill()
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    run1_wall = time.time() - started
-    second = train(out, "run2", TOTAL_STEPS, overrides, RUN_TIMEOUT_S,
-                   extra_env={"GAPO_DEBUG_LOSS_ROWS": str(rows_dir / "run2"),
-                              "GAPO_DEBUG_EXPLORE_ROWS": str(rows_dir / "explore-run2")})
-    run1, run2 = read_metrics(metrics_file), read_metrics(second["metrics_file"])
+        for run in runs.values():
+            run.sweep()
+    left = {name: [p.pid for p in run.run.processes()] for name, run in runs.items()}
+    third = train(out, "run3", RANK_KILL_STEP, overrides, RUN_TIMEOUT_S,
+                  extra_env={"GAPO_DEBUG_LOSS_ROWS": str(rows_dir / "run3"),
+                             "GAPO_DEBUG_EXPLORE_ROWS": str(rows_dir / "explore-run3")})
+    states["after_run3"] = checkpoint_state(ckpt)
+    summaries = {name: run.summary() for name, run in runs.items()}
     return {
-        "run1": run1, "run2": run2, "ckpt_dir": out / "checkpoints", "world_size": RANKS,
-        "runs": [{"wall_s": run1_wall, "peak_pss_bytes": run.peak_pss}, second],
+        **{name: read_metrics(run.metrics_file) for name, run in runs.items()},
+        "run3": read_metrics(third["metrics_file"]), "ckpt_dir": ckpt, "world_size": RANKS,
+        "runs": [summaries["run1"], summaries["run2"], third], "states": states, "save_kill": summaries["run1"],
+        "left": left,
         "kill": {"rank": 1, "pid": victim.pid, "rank0_pid": workers[0].pid, "ended_s": ended_s,
-                 "exit_code": exit_code, "log": log_file.read_text(errors="replace"),
-                 "run2_log": (out / "logs" / "run2.log").read_text(errors="replace")},
+                 "exit_code": exit_code, "log": summaries["run2"]["log"],
+                 "run3_log": (out / "logs" / "run3.log").read_text(errors="replace")},
     }
 
 

@@ -73,18 +73,22 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """One HF-rollout smoke run for the whole session, at the cluster shape: 2 FSDP ranks (verl's trainer, gloo;
-    ~2 min here). run1 trains 2 steps with a checkpoint each step, verl's rollout dump and GAPO's per-row loss dump
-    (GAPO_DEBUG_LOSS_ROWS), and is ended in step 3 by a SIGKILL of rank 1's worker; run2 resumes and trains step 3
-    (tests/cluster_runs.py). Shared by the trainer's end-to-end checks (tests/test_trainer_e2e.py,
-    tests/test_cluster_e2e.py) and the evaluation of a real verl checkpoint (tests/test_eval_cli.py), which only read
-    it.
-    Returns run_smoke's dict plus ``out``, ``rollout_dir``, ``rows_dir`` and ``kill``."""
+    ~3 min here), 4 steps with a checkpoint each, verl's rollout dump and GAPO's per-row loss and exploration dumps
+    (tests/cluster_runs.py): run1 trains steps 1-2 and is SIGKILLed inside the save of step 3; run2 resumes from
+    step 2, commits step 3 and is ended in step 4 by a SIGKILL of rank 1's worker; run3 resumes and trains step 4.
+    The one trained checkpoint series of the suite: read by the trainer's end-to-end checks
+    (tests/test_trainer_e2e.py), the kills and resumes (tests/test_cluster_e2e.py, tests/test_kill_resume.py), the
+    plot (tests/test_plot_run.py) and the evaluation of real verl checkpoints (tests/test_eval_cli.py,
+    tests/test_eval_smoke.py), which only read it.
+    Returns killed_then_resumed's dict plus ``out``, ``rollout_dir``, ``rows_dir`` and ``metrics`` ({step: what was
+    logged}, each step from the run that finished it)."""
     from tests.cluster_runs import killed_then_resumed
 
     out = tmp_path_factory.mktemp("smoke")
     rollout_dir, rows_dir = out / "rollouts", out / "loss_rows"
     result = killed_then_resumed(out, [f"trainer.rollout_data_dir={rollout_dir}"], rows_dir)
-    return {**result, "out": out, "rollout_dir": rollout_dir, "rows_dir": rows_dir}
+    metrics = {**result["run1"], **result["run2"], **result["run3"]}
+    return {**result, "out": out, "rollout_dir": rollout_dir, "rows_dir": rows_dir, "metrics": metrics}
 
 
 @pytest.fixture(scope="session")

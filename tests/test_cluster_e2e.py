@@ -1,7 +1,8 @@
 """verl's real trainer at world size 2 (2 FSDP ranks, gloo, on CPU): what only happens with several ranks.
 
 All of it reads the session's smoke run (tests/conftest.py, tests/cluster_runs.py): run1 trains steps 1-2 with a
-checkpoint each, is ended in step 3 by a SIGKILL of rank 1's worker, and run2 resumes and trains step 3. Checked:
+checkpoint each and is SIGKILLed inside the save of step 3, run2 resumes and trains step 3 and is ended in step 4 by a
+SIGKILL of rank 1's worker, and run3 resumes and trains step 4. Checked:
 
 - the killed rank ends the run by itself within a bound, with an error naming the dead worker, and the restart resumes
   from the last checkpoint (each step logged once; both ranks load their own shards);
@@ -27,7 +28,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from gapo.threshold import adaptive_eps_high
-from tests.cluster_runs import END_BOUND_S, RANKS, STEPS, TOTAL_STEPS
+from tests.cluster_runs import END_BOUND_S, RANK_KILL_STEP, RANKS, SMOKE_RUN_STEPS
 from tests.test_trainer_e2e import read_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,10 +47,10 @@ def config():
 
 
 def loss_rows(smoke) -> dict[int, dict[int, list[dict]]]:
-    """{step: {rank: rows}} of the loss's per-row dump: steps before the kill from run1, the resumed step from run2
-    (run1's rows of the interrupted step, if any, are left out: that step never finished)."""
+    """{step: {rank: rows}} of the loss's per-row dump, each step from the run that logged it (a killed run's rows of
+    the step it was killed in, if any, are left out: that step never finished)."""
     out: dict[int, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for run, steps in (("run1", range(1, STEPS + 1)), ("run2", range(STEPS + 1, TOTAL_STEPS + 1))):
+    for run, steps in SMOKE_RUN_STEPS.items():
         for path in sorted((smoke["rows_dir"] / run).glob("rank*.jsonl")):
             rank = int(path.stem[len("rank"):])
             for line in path.read_text().splitlines():
@@ -69,19 +70,20 @@ def test_a_killed_rank_ends_the_run_within_a_bound_naming_the_worker(smoke):
     error = log[log.index("ray.exceptions.ActorDiedError"):]
     assert f"pid: {kill['pid']}" in error and "WorkerDict" in error  # the dead worker, by pid and class
     assert f"pid: {kill['rank0_pid']}" not in error
-    print(f"\n[cluster e2e] rank 1 killed in step 3: run1 ended after {kill['ended_s']:.1f} s (exit {kill['exit_code']})")
+    print(f"\n[cluster e2e] rank 1 killed in step {RANK_KILL_STEP}: run2 ended after {kill['ended_s']:.1f} s (exit {kill['exit_code']})")
 
 
 @pytest.mark.slow
 def test_the_restart_resumes_from_the_last_checkpoint_on_both_ranks(smoke):
-    assert sorted(smoke["run1"]) == list(range(1, STEPS + 1)) and sorted(smoke["run2"]) == [TOTAL_STEPS]
-    ckpt = smoke["ckpt_dir"]
-    log2 = smoke["kill"]["run2_log"]
-    assert f"Resuming from {ckpt}/global_step_{STEPS}, setting global step to {STEPS}" in log2
+    assert {run: sorted(smoke[run]) for run in SMOKE_RUN_STEPS} == {
+        run: list(steps) for run, steps in SMOKE_RUN_STEPS.items()}
+    ckpt, last = smoke["ckpt_dir"], RANK_KILL_STEP - 1
+    log3 = smoke["kill"]["run3_log"]
+    assert f"Resuming from {ckpt}/global_step_{last}, setting global step to {last}" in log3
     for rank in range(RANKS):
         for what, kind in (("model", "model"), ("optimizer", "optim"), ("lr_scheduler", "extra_state")):
             name = f"{kind}_world_size_{RANKS}_rank_{rank}.pt"
-            assert f"[Rank {rank}] Loaded {what} from {ckpt}/global_step_{STEPS}/actor/{name}" in log2, (rank, what)
+            assert f"[Rank {rank}] Loaded {what} from {ckpt}/global_step_{last}/actor/{name}" in log3, (rank, what)
 
 
 @pytest.mark.slow
@@ -93,7 +95,7 @@ def test_batch_order_across_the_kill_is_the_dataloaders(smoke, config):
     truths = [row["reward_model"]["ground_truth"] for row in table]
     order = list(create_rl_sampler(config.data, list(range(len(truths)))))
     size, n = int(config.data.train_batch_size), int(config.actor_rollout_ref.rollout.n)
-    for step in range(1, TOTAL_STEPS + 1):
+    for step in range(1, RANK_KILL_STEP + 1):
         rows = [json.loads(line) for line in (smoke["rollout_dir"] / f"{step}.jsonl").read_text().splitlines()]
         expected = Counter({truths[i]: n for i in order[(step - 1) * size:step * size]})
         assert Counter(row["gts"] for row in rows if not row["uid"].startswith("pad")) == expected, step
@@ -121,9 +123,9 @@ def _recount(rows: list[dict]) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_per_c_metrics_are_the_rows_of_both_ranks(smoke, config):
-    metrics = {**smoke["run1"], **smoke["run2"]}
+    metrics = smoke["metrics"]
     rows = loss_rows(smoke)
-    assert sorted(rows) == list(range(1, TOTAL_STEPS + 1))
+    assert sorted(rows) == list(range(1, RANK_KILL_STEP + 1))
     actor = config.actor_rollout_ref.actor
     eps_low, eps_high_max = float(actor.clip_ratio_low), float(actor.policy_loss.eps_high_max)
     rank0_differs = False
@@ -165,7 +167,7 @@ def test_the_loss_saw_the_group_statistics_of_the_rollout_dump(smoke, config):
 def test_every_checkpoint_has_one_shard_per_rank(smoke):
     from recipe.smoke import missing_shards
 
-    for step in range(1, TOTAL_STEPS + 1):
+    for step in range(1, RANK_KILL_STEP + 1):
         assert missing_shards(smoke["ckpt_dir"], step, RANKS) == [], step
         assert missing_shards(smoke["ckpt_dir"], step, 1) != []  # the check can fail
 
@@ -188,11 +190,11 @@ def test_resume_at_another_world_size_stops_before_ray(smoke):
 
 
 def explore_rows(smoke) -> dict[int, list[dict]]:
-    """{step: rows} of the driver's exploration dump (GAPO_DEBUG_EXPLORE_ROWS): steps before the kill from run1, the
-    resumed step from run2."""
+    """{step: rows} of the driver's exploration dump (GAPO_DEBUG_EXPLORE_ROWS), each step from the run that logged
+    it."""
     out: dict[int, list[dict]] = defaultdict(list)
-    for run, steps in (("explore-run1", range(1, STEPS + 1)), ("explore-run2", range(STEPS + 1, TOTAL_STEPS + 1))):
-        for line in (smoke["rows_dir"] / run / "driver.jsonl").read_text().splitlines():
+    for run, steps in SMOKE_RUN_STEPS.items():
+        for line in (smoke["rows_dir"] / f"explore-{run}" / "driver.jsonl").read_text().splitlines():
             row = json.loads(line)
             if int(row["step"]) in steps:
                 out[int(row["step"])].append(row)
@@ -213,9 +215,9 @@ def test_exploration_metrics_are_a_recount_of_verls_rollout_dump(smoke, config):
     threshold = float(config.actor_rollout_ref.actor.policy_loss.success_threshold)
     m = int(config.exploration.entrance_tokens)
     cover = float(config.trainer.val_coverage_threshold)
-    metrics = {**smoke["run1"], **smoke["run2"]}
+    metrics = smoke["metrics"]
     rows = explore_rows(smoke)
-    assert sorted(rows) == list(range(1, TOTAL_STEPS + 1))
+    assert sorted(rows) == list(range(1, RANK_KILL_STEP + 1))
     for step, driver in rows.items():
         dump = {json.loads(line)["uid"]: json.loads(line)
                 for line in (smoke["rollout_dir"] / f"{step}.jsonl").read_text().splitlines()}
@@ -251,5 +253,6 @@ def test_exploration_metrics_are_a_recount_of_verls_rollout_dump(smoke, config):
         for c, (s, t) in entropy.items():
             if c != "failure":
                 assert logged[f"gapo/explore/entropy_success/c{c}"] == pytest.approx(s / t, rel=1e-6), (step, c)
-        # the window restarts with each process: run1 pools steps 1-2, run2 starts again at step 3
-        assert logged["gapo/explore/coverage_window_steps"] == (step if step <= STEPS else step - STEPS)
+        # the window restarts with each process: run1 pools steps 1-2, run2 and run3 start again
+        first = next(steps.start for steps in SMOKE_RUN_STEPS.values() if step in steps)
+        assert logged["gapo/explore/coverage_window_steps"] == step - first + 1

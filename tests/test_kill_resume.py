@@ -1,13 +1,15 @@
 """Resume after a hard kill: SIGKILL in the middle of a checkpoint write and in the middle of a training step.
 
-End to end on CPU (`@pytest.mark.slow`, three runs of the smoke preset, 3 steps, a checkpoint every step):
-1. run1 trains from scratch and is killed inside the save of step 2: the actor is written, data.pt and the
-   tracker are not (deterministic: the trainer's test hook `GAPO_TEST_CHECKPOINT_PAUSE` holds the save there);
-2. run2 must resume from step 1 (not the half-written step 2), trains and commits step 2 over the half-written
-   folder, and is killed in the middle of step 3 (after step 2 is logged; the hook would hold a late kill
-   before step 3's commit, and the test fails if the kill did not land inside step 3);
-3. run3 must resume from step 2, which also shows that the re-saved folder is complete and loadable, and trains
-   step 3.
+End to end on CPU (`@pytest.mark.slow`): the session's smoke run (tests/conftest.py, tests/cluster_runs.py; world
+size 2, 4 steps, a checkpoint every step), which these tests only read:
+1. run1 trains from scratch and is SIGKILLed, whole process tree, inside the save of step 3: the actor is written,
+   data.pt and the tracker are not (deterministic: the trainer's test hook `GAPO_TEST_CHECKPOINT_PAUSE` holds the
+   save there);
+2. run2 must resume from step 2 (not the half-written step 3), trains and commits step 3 over the half-written
+   folder, and is killed in the middle of step 4 (a SIGKILL of rank 1's worker, after step 3 is logged; the hook
+   would hold a late kill before step 4's commit, and the test fails if the kill did not land inside step 4);
+3. run3 must resume from step 3, which also shows that the re-saved folder is complete and loadable, and trains
+   step 4.
 Across the three runs each step is logged exactly once. Each killed run's whole process tree, Ray's raylet,
 GCS and workers included, is gone before the next run starts: every run has its own session (setsid), Ray
 temp dir and marker variable, and only processes carrying them are killed (other Ray clusters on the machine
@@ -20,15 +22,9 @@ retention never deletes before the commit; the test hook.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -36,9 +32,8 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, find_latest_ckpt_path
 
 import gapo.verl_plugin.checkpoint as checkpoint_module
-from gapo.supervisor import MARKER_ENV, SupervisedRun, SupervisedRunError
 from gapo.verl_plugin.trainer import GAPOTrainer
-from recipe.smoke import ROOT, prepare, run_command
+from tests.cluster_runs import RANK_KILL_STEP, SAVE_KILL_STEP, SMOKE_RUN_STEPS
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -51,7 +46,7 @@ def actor_files(world_size: int) -> set[str]:
     return shards | {"fsdp_config.json", "huggingface/config.json"}
 
 
-WORLD_SIZE = 1  # these runs: the smoke preset's one rank (world size 2: tests/test_cluster_e2e.py)
+WORLD_SIZE = 1  # the stand-in trainer's one rank (the end-to-end runs: the session's smoke run, world size 2)
 MODEL = f"model_world_size_{WORLD_SIZE}_rank_0.pt"
 ACTOR_FILES = actor_files(WORLD_SIZE)
 
@@ -254,183 +249,77 @@ def test_pause_hook_holds_only_the_named_step_between_actor_and_commit(tmp_path,
 
 
 # ------------------------------------------------------------------------------ SIGKILL, end to end
-TOTAL_STEPS = 3
-STEP_TIMEOUT_S = 600
-
-
-class Run:
-    """One training run of the smoke preset in its own session, Ray temp dir and marker, started in the background
-    under the project's runner (gapo.supervisor.SupervisedRun: its process finding and killing)."""
-
-    def __init__(self, out: Path, name: str, extra_env: dict | None = None):
-        cmd, env, self.metrics_file, self.log_file = run_command(out, name, TOTAL_STEPS, [])
-        self.name = name
-        self.ray_tmp = tempfile.mkdtemp(prefix="gkr-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-        # its own Ray temp dir: ray.init neither joins another cluster on the machine nor shares files with one
-        cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={self.ray_tmp}"]
-        env = {k: v for k, v in env.items() if not k.startswith(("RAY_ADDRESS", MARKER_ENV, "GAPO_TEST_"))}
-        env.update(extra_env or {})
-        self.started = time.time()
-        self.run = SupervisedRun(cmd, env, self.log_file, cwd=ROOT, timeout_s=STEP_TIMEOUT_S * TOTAL_STEPS,
-                                 sample_memory_s=None)
-        self.proc = self.run.proc
-        self.events = [(0.0, "started")]
-
-    def note(self, what: str) -> None:
-        self.events.append((round(time.time() - self.started, 1), what))
-
-    def steps(self) -> list[int]:
-        if not self.metrics_file.exists():
-            return []
-        return [json.loads(line)["step"] for line in self.metrics_file.read_text().splitlines() if line.endswith("}")]
-
-    def log(self) -> str:
-        return self.log_file.read_text(errors="replace")
-
-    def wait_for(self, condition, what: str, timeout: float = STEP_TIMEOUT_S) -> None:
-        deadline = time.time() + timeout
-        while not condition():
-            if self.proc.poll() is not None:
-                pytest.fail(f"{self.name} exited ({self.proc.returncode}) before {what}:\n{self.log()[-4000:]}")
-            if time.time() > deadline:
-                pytest.fail(f"{self.name}: no {what} within {timeout} s:\n{self.log()[-4000:]}")
-            time.sleep(0.2)
-        self.note(what)
-
-    def processes(self) -> list[psutil.Process]:
-        """The run's live processes: its session (driver, GCS, raylet, Ray workers) and anything with its marker."""
-        return self.run.processes()
-
-    def kill(self) -> None:
-        """SIGKILL the whole run, then every straggler of it (Ray workers have process groups of their own, in the
-        run's session), and wait until none is left."""
-        self.note("SIGKILL")
-        self.sweep()
-
-    def sweep(self) -> None:
-        try:
-            self.run.kill()
-        except SupervisedRunError as err:
-            pytest.fail(f"{self.name}: {err}")
-        self.note("all processes gone")
-        shutil.rmtree(self.ray_tmp, ignore_errors=True)
-
-    def finish(self, timeout: float = STEP_TIMEOUT_S) -> None:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.name} did not finish within {timeout} s:\n{self.log()[-4000:]}")
-        self.note(f"exit {rc}")
-        assert rc == 0, f"{self.name} failed:\n{self.log()[-4000:]}"
-        self.sweep()  # Ray's processes end with the driver; makes sure of it
-
-    def summary(self) -> dict:
-        return {"steps_logged": self.steps(), "events": self.events}
-
-
-def checkpoint_state(ckpt: Path) -> dict:
-    tracker = ckpt / TRACKER
-    return {"tracker": tracker.read_text() if tracker.exists() else None,
-            "folders": {p.name: sorted(q.relative_to(p).as_posix() for q in p.rglob("*") if q.is_file())
-                        for p in sorted(ckpt.glob("global_step_*"))}}
-
-
 @pytest.fixture(scope="module")
-def killed_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("kill_resume")
-    prepare(out)
-    ckpt = out / "checkpoints"
-    runs, state = {}, {}
-    started = time.time()
-    try:
-        # run1: killed inside the save of step 2, after the actor, before data.pt and the tracker
-        marker = out / "paused_at_step_2"
-        run1 = runs["run1"] = Run(out, "run1", {GAPOTrainer.CHECKPOINT_PAUSE_ENV: f"2:{marker}"})
-        run1.wait_for(lambda: 1 in run1.steps(), "step 1 logged")
-        run1.wait_for(marker.exists, "save of step 2 paused before its commit")
-        run1.kill()
-        state["after_run1"] = checkpoint_state(ckpt)
-
-        # run2: resumes, commits step 2, killed in the middle of step 3
-        marker3 = out / "paused_at_step_3"  # a kill that came late would find step 3 held here, not committed
-        run2 = runs["run2"] = Run(out, "run2", {GAPOTrainer.CHECKPOINT_PAUSE_ENV: f"3:{marker3}"})
-        run2.wait_for(lambda: 2 in run2.steps(), "step 2 logged")
-        time.sleep(1.0)  # step 3 is under way (a step takes 2 s or more on these machines)
-        run2.kill()
-        state["run2_step3_save_reached"] = marker3.exists()
-        state["after_run2"] = checkpoint_state(ckpt)
-
-        # run3: resumes and finishes
-        run3 = runs["run3"] = Run(out, "run3")
-        run3.finish()
-        state["after_run3"] = checkpoint_state(ckpt)
-    finally:
-        for run in runs.values():
-            if run.proc.poll() is None or run.processes():
-                run.kill()
-    state["wall_s"] = round(time.time() - started, 1)
-    timeline = {name: run.summary() for name, run in runs.items()} | state
-    (out / "timeline.json").write_text(json.dumps(timeline, indent=1))
-    print("\n[kill-resume] timeline:\n" + json.dumps(timeline, indent=1))
-    return {"runs": runs, "state": state, "ckpt": ckpt, "out": out}
+def killed_runs(smoke_run):
+    """The session's smoke run (tests/conftest.py, tests/cluster_runs.py): run1 SIGKILLed inside the save of step
+    SAVE_KILL_STEP, run2 resumed and ended inside step RANK_KILL_STEP by a SIGKILL of rank 1's worker, run3 resumed to
+    the end; the checkpoint folder's state after each run."""
+    return {"smoke": smoke_run, "state": smoke_run["states"], "ckpt": smoke_run["ckpt_dir"],
+            "logs": {name: (smoke_run["out"] / "logs" / f"{name}.log").read_text(errors="replace")
+                     for name in SMOKE_RUN_STEPS},
+            "actor_files": actor_files(smoke_run["world_size"]),
+            "model": f"model_world_size_{smoke_run['world_size']}_rank_0.pt"}
 
 
 @pytest.mark.slow
 def test_kill_inside_a_checkpoint_write_resumes_from_the_last_complete_checkpoint(killed_runs):
-    runs, state, ckpt = killed_runs["runs"], killed_runs["state"], killed_runs["ckpt"]
-    assert "Training from scratch" in runs["run1"].log()
-    assert runs["run1"].steps() == [1]
+    smoke, state, ckpt, logs = killed_runs["smoke"], killed_runs["state"], killed_runs["ckpt"], killed_runs["logs"]
+    assert "Training from scratch" in logs["run1"]
+    assert sorted(smoke["run1"]) == list(SMOKE_RUN_STEPS["run1"])
     after = state["after_run1"]
-    assert after["tracker"] == "1"  # the half-written step 2 was never committed
-    half = after["folders"]["global_step_2"]
-    assert f"actor/{MODEL}" in half and "data.pt" not in half  # killed between the actor and the commit
-    log2 = runs["run2"].log()
-    assert f"Resuming from {ckpt}/global_step_1, setting global step to 1" in log2
-    assert "global_step_2, setting global step" not in log2
+    last = SAVE_KILL_STEP - 1
+    assert after["tracker"] == str(last)  # the half-written step was never committed
+    half = after["folders"][f"global_step_{SAVE_KILL_STEP}"]
+    assert f"actor/{killed_runs['model']}" in half and "data.pt" not in half  # killed between the actor and the commit
+    assert f"Resuming from {ckpt}/global_step_{last}, setting global step to {last}" in logs["run2"]
+    assert f"global_step_{SAVE_KILL_STEP}, setting global step" not in logs["run2"]
 
 
 @pytest.mark.slow
 def test_kill_in_the_middle_of_a_step_resumes_from_the_step_before(killed_runs):
-    runs, state, ckpt = killed_runs["runs"], killed_runs["state"], killed_runs["ckpt"]
-    assert runs["run2"].steps() == [2]
-    # killed inside step 3: step 2 committed, step 3 neither saved (its save was not even reached) nor logged
-    assert not state["run2_step3_save_reached"], "the kill came after step 3's training: not a mid-step kill"
-    assert state["after_run2"]["tracker"] == "2" and "global_step_3" not in state["after_run2"]["folders"]
-    log3 = runs["run3"].log()
-    assert f"Resuming from {ckpt}/global_step_2, setting global step to 2" in log3
-    assert "Loaded model from" in log3 and "Loaded optimizer from" in log3  # the re-saved folder loads
-    assert runs["run3"].steps() == [3]
+    smoke, state, ckpt, logs = killed_runs["smoke"], killed_runs["state"], killed_runs["ckpt"], killed_runs["logs"]
+    assert sorted(smoke["run2"]) == list(SMOKE_RUN_STEPS["run2"])
+    # killed inside the step: the step before committed, this one neither saved (its save was not even reached)
+    # nor logged
+    assert not state["step4_save_reached"], "the kill came after the step's training: not a mid-step kill"
+    last = RANK_KILL_STEP - 1
+    assert state["after_run2"]["tracker"] == str(last)
+    assert f"global_step_{RANK_KILL_STEP}" not in state["after_run2"]["folders"]
+    assert f"Resuming from {ckpt}/global_step_{last}, setting global step to {last}" in logs["run3"]
+    assert "Loaded model from" in logs["run3"] and "Loaded optimizer from" in logs["run3"]  # the re-saved folder loads
+    assert sorted(smoke["run3"]) == [RANK_KILL_STEP]
 
 
 @pytest.mark.slow
 def test_every_step_logged_exactly_once_and_the_last_checkpoint_complete(killed_runs):
-    runs, state = killed_runs["runs"], killed_runs["state"]
-    logged = [step for name in ("run1", "run2", "run3") for step in runs[name].steps()]
-    assert logged == list(range(1, TOTAL_STEPS + 1))  # none twice, none skipped
+    smoke, state = killed_runs["smoke"], killed_runs["state"]
+    logged = [step for name in SMOKE_RUN_STEPS for step in sorted(smoke[name])]
+    assert logged == list(range(1, RANK_KILL_STEP + 1))  # none twice, none skipped
     final = state["after_run3"]
-    assert final["tracker"] == str(TOTAL_STEPS)
-    expected = sorted({f"actor/{f}" for f in ACTOR_FILES} | {"data.pt"})
-    for step in range(1, TOTAL_STEPS + 1):
+    assert final["tracker"] == str(RANK_KILL_STEP)
+    expected = sorted({f"actor/{f}" for f in killed_runs["actor_files"]} | {"data.pt"})
+    for step in range(1, RANK_KILL_STEP + 1):
         assert set(expected) <= set(final["folders"][f"global_step_{step}"]), step
 
 
 @pytest.mark.slow
 def test_the_half_written_folder_was_overwritten_by_the_resumed_run(killed_runs):
-    """Every file of step 2's checkpoint was written by run2 (none is left from run1's interrupted save), and each
-    one loads."""
-    runs, ckpt = killed_runs["runs"], killed_runs["ckpt"]
-    folder = ckpt / "global_step_2"
+    """Every file of the half-written step's checkpoint was written by run2 (none is left from run1's interrupted
+    save), and each one loads."""
+    ckpt, run2 = killed_runs["ckpt"], killed_runs["smoke"]["runs"][1]
+    folder = ckpt / f"global_step_{SAVE_KILL_STEP}"
     files = [p for p in folder.rglob("*") if p.is_file()]
-    assert files and all(p.stat().st_mtime >= runs["run2"].started for p in files)
+    assert files and all(p.stat().st_mtime >= run2["started"] for p in files)
     for path in files:
         if path.suffix == ".pt":
             assert torch.load(path, weights_only=False) is not None, path
-    assert torch.load(folder / "data.pt", weights_only=False) != torch.load(ckpt / "global_step_1" / "data.pt",
-                                                                            weights_only=False)
+    before = ckpt / f"global_step_{SAVE_KILL_STEP - 1}" / "data.pt"
+    assert torch.load(folder / "data.pt", weights_only=False) != torch.load(before, weights_only=False)
 
 
 @pytest.mark.slow
 def test_nothing_of_the_killed_runs_is_left(killed_runs):
-    for name, run in killed_runs["runs"].items():
-        assert run.processes() == [], name
-        assert not Path(run.ray_tmp).exists(), name
+    smoke = killed_runs["smoke"]
+    assert smoke["left"] == {"run1": [], "run2": []}
+    for name, run in zip(SMOKE_RUN_STEPS, smoke["runs"]):
+        assert not Path(run["ray_tmp"]).exists(), name

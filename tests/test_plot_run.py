@@ -351,16 +351,16 @@ def test_wandb_resumed_run_folders_merge_and_other_runs_are_refused(tmp_path):
 # ------------------------------------------------------------------ a real smoke run
 @pytest.mark.slow
 def test_plot_of_a_real_smoke_run(smoke_run, tmp_path):
-    """The session's smoke run (2 steps, then a resume to step 3; its folder also holds verl's rollout dumps):
+    """The session's smoke run (2 steps, then resumes to steps 3 and 4; its folder also holds verl's rollout dumps):
     the figure is written and every drawn per-c value and reward is the value the trainer logged."""
     printed = []
     result = plot_runs([smoke_run["out"]], tmp_path / "smoke.png", labels=["smoke"], echo=printed.append)
     assert_png(result["out"])
     (run,) = result["runs"]
     logs = Path(smoke_run["out"]) / "logs"
-    assert run.files == [logs / "run1.jsonl", logs / "run2.jsonl"]
-    logged = {**smoke_run["run1"], **smoke_run["run2"]}
-    assert sorted(run.steps) == sorted(logged) == [1, 2, 3]
+    assert run.files == [logs / "run1.jsonl", logs / "run2.jsonl", logs / "run3.jsonl"]
+    logged = smoke_run["metrics"]
+    assert sorted(run.steps) == sorted(logged) == [1, 2, 3, 4]
     drawn = {title: lines_of(result, title) for title in ("clip fraction", "mean |ratio - 1|", "reward")}
     for title, prefix in (("clip fraction", "gapo/clipfrac_pos/c"), ("mean |ratio - 1|", "gapo/ratio_dev_pos/c")):
         expected: dict = {}
@@ -384,7 +384,7 @@ def test_plot_of_a_real_smoke_run(smoke_run, tmp_path):
                                                                  "live", "reward"]
     assert any(note.startswith("validation pass@k") for note in result["skipped"])
     text = "\n".join(printed)
-    assert "smoke: 3 steps (1..3) from file logger logs/run1.jsonl, logs/run2.jsonl" in text
-    assert "2 files merged by step" in text and "panel skipped: validation pass@k" in text
+    assert "smoke: 4 steps (1..4) from file logger logs/run1.jsonl, logs/run2.jsonl, logs/run3.jsonl" in text
+    assert "3 files merged by step" in text and "panel skipped: validation pass@k" in text
     panels, _ = build_panels([run])
     assert len(panels) == 7

@@ -1,6 +1,7 @@
 """End to end on CPU: verl's real trainer (Ray, FSDP2 actor at world size 2, HF rollout groups, reward, GAPO loss)
-trains two steps with a checkpoint each step, then a second run resumes from the checkpoint and trains step 3 (the
-first run ends in step 3, when one rank is killed: tests/cluster_runs.py, checked in tests/test_cluster_e2e.py).
+trains two steps with a checkpoint each step, then resumed runs train steps 3 and 4 from the checkpoints (the runs
+before them are killed, inside a save and inside a step: tests/cluster_runs.py, checked in tests/test_cluster_e2e.py
+and tests/test_kill_resume.py).
 The same code path as `make smoke` (recipe/smoke.py), asserted in more detail.
 
 The GAPO metrics are checked against an independent computation from verl's own rollout dump
@@ -20,7 +21,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 @pytest.fixture(scope="module")
 def smoke(smoke_run):
-    """The session's smoke run (tests/conftest.py): 2 steps, a checkpoint each step, a resume to step 3."""
+    """The session's smoke run (tests/conftest.py): 2 steps, a checkpoint each step, resumes to steps 3 and 4."""
     return smoke_run
 
 
@@ -76,22 +77,23 @@ def expected_metrics(rollouts: list[tuple[str, float]], eps_low: float, eps_high
 
 @pytest.mark.slow
 def test_two_steps_checkpoint_then_resume(smoke):
-    assert sorted(smoke["run1"]) == [1, 2] and sorted(smoke["run2"]) == [3]
+    assert sorted(smoke["run1"]) == [1, 2] and sorted(smoke["run2"]) == [3] and sorted(smoke["run3"]) == [4]
     ckpt = smoke["ckpt_dir"]
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     world = smoke["world_size"]  # the session's run trains at the cluster shape (tests/cluster_runs.py)
-    for step in (1, 2, 3):
+    for step in (1, 2, 3, 4):
         for rank in range(world):
             assert (ckpt / f"global_step_{step}" / "actor" / f"model_world_size_{world}_rank_{rank}.pt").exists()
-    log = (ckpt.parent / "logs" / "run2.log").read_text(errors="replace")
-    assert f"Resuming from {ckpt}/global_step_2, setting global step to 2" in log
-    assert "Loaded model from" in log and "Loaded optimizer from" in log
+    for run, resumed in (("run2", 2), ("run3", 3)):
+        log = (ckpt.parent / "logs" / f"{run}.log").read_text(errors="replace")
+        assert f"Resuming from {ckpt}/global_step_{resumed}, setting global step to {resumed}" in log, run
+        assert "Loaded model from" in log and "Loaded optimizer from" in log, run
 
 
 @pytest.mark.slow
 def test_per_rollout_thresholds_reached_the_loss(smoke, clips):
     eps_low, eps_high_max, threshold = clips
-    metrics = {**smoke["run1"], **smoke["run2"]}
+    metrics = smoke["metrics"]
     assert sorted(p.name for p in smoke["rollout_dir"].glob("*.jsonl")) == [f"{s}.jsonl" for s in sorted(metrics)]
     for step, m in metrics.items():
         rollouts = read_rollouts(smoke["rollout_dir"] / f"{step}.jsonl")
@@ -113,7 +115,7 @@ def test_per_rollout_thresholds_reached_the_loss(smoke, clips):
 
 @pytest.mark.slow
 def test_clipping_binds_and_diagnostics_are_logged_per_success_count(smoke):
-    metrics = {**smoke["run1"], **smoke["run2"]}
+    metrics = smoke["metrics"]
     clip = {k: v for m in metrics.values() for k, v in m.items() if k.startswith("gapo/clipfrac_pos/c")}
     dev = [k for m in metrics.values() for k in m if k.startswith("gapo/ratio_dev_pos/c")]
     assert clip and dev and any(v > 0 for v in clip.values())
@@ -124,8 +126,9 @@ def test_clipping_binds_and_diagnostics_are_logged_per_success_count(smoke):
         levels = sum(k.startswith("gapo/ratio_dev_pos/c") for k in m)
         assert m["gapo/is_adv_corr_levels"] == levels == sum(k.startswith("gapo/adv_pos/c") for k in m), step
         assert all(-1 <= m[k] <= 1 for k in ("gapo/is_adv_corr", "gapo/is_adv_corr_window") if k in m), step
-    # The window (default 10 steps) pools steps 1 and 2, and restarts with the resumed process at step 3.
-    run1, run2 = smoke["run1"], smoke["run2"]
+    # The window (default 10 steps) pools steps 1 and 2, and restarts with each resumed process (steps 3 and 4).
+    run1 = smoke["run1"]
     levels = [run1[step]["gapo/is_adv_corr_levels"] for step in (1, 2)]
     assert run1[2]["gapo/is_adv_corr_window_points"] == sum(levels)
-    assert run2[3]["gapo/is_adv_corr_window_points"] == run2[3]["gapo/is_adv_corr_levels"]
+    for run, step in (("run2", 3), ("run3", 4)):
+        assert smoke[run][step]["gapo/is_adv_corr_window_points"] == smoke[run][step]["gapo/is_adv_corr_levels"]
