@@ -105,7 +105,8 @@ class _Run:
             shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def summary(self) -> dict:
-        return {"started": self.started, "wall_s": (self.ended or time.time()) - self.started, "peak_pss_bytes": self.run.peak_pss,
+        return {"started": self.started, "wall_s": (self.ended or time.time()) - self.started,
+                "peak_pss_bytes": self.run.peak_pss,
                 "steps": logged_steps(self.metrics_file), "ray_tmp": self.ray_tmp,
                 "log": self.log_file.read_text(errors="replace")}
 
@@ -176,6 +177,9 @@ NODE_END_BOUND_S = 300  # a job that lost a node must end within this (Ray decla
 # run1's distinctive overrides, checked in its printed config (tests/test_launch.py): 16 prompts in batches of 8 make
 # steps 1-2 epoch 0, so run2's resume from step 2 lands exactly on the epoch boundary (verl #5725/#7401)
 LAUNCH_OVERRIDES = ["data.train_max_samples=16", "trainer.experiment_name=launch_e2e"]
+# VIGOR's end-to-end checks (tests/test_vigor_e2e.py) read the same run: VIGOR's allocation, verl's rollout dump
+# (ROLLOUTS) and GAPO's per-row loss dump of each run (ROWS/run1, ROWS/run2, through the job's environment)
+ROLLOUTS, ROWS = "rollouts", "loss_rows"
 
 
 def _node_workers(cluster, index: int) -> list[int]:
@@ -200,26 +204,32 @@ def _job_status(env: dict, job_id: str) -> str:
 
 def lost_node_then_resumed(out: Path) -> dict:
     """A local 2-node Ray cluster (gapo.local_cluster, one logical GPU per raylet), the smoke preset at
-    `trainer.nnodes=2 trainer.n_gpus_per_node=1` submitted with launch/submit.sh as on a real cluster:
+    `trainer.nnodes=2 trainer.n_gpus_per_node=1` with `vigor=enabled`, submitted with launch/submit.sh as on a real
+    cluster:
 
     1. run1 (3 steps planned, a checkpoint each, followed by submit.sh) places an actor worker on each node and
        trains steps 1 and 2; in step 3 the second node's raylet is SIGKILLed (a lost machine). The job must end by
        itself, FAILED, naming the lost node, and submit.sh must exit non-zero;
     2. the node is started again (a replacement joins) and run2, submitted with `--no-wait` and then polled,
        resumes from step 2 and trains step 3.
-    Used by tests/test_cluster_nodes.py and tests/test_launch.py (conftest's ``lost_node``). Only this run's Ray
-    processes are touched (its own sessions, markers and temp dir; never `ray stop`)."""
+    Each step's rollouts are dumped by verl (OUT/rollouts) and each run's per-row loss values by GAPO
+    (OUT/loss_rows/run1, run2). Used by tests/test_cluster_nodes.py, tests/test_launch.py and tests/test_vigor_e2e.py
+    (conftest's ``lost_node``). Only this run's Ray processes are touched (its own sessions, markers and temp dir;
+    never `ray stop`)."""
     from gapo.local_cluster import LocalRayCluster
     from recipe.smoke import CPU_ENV
 
     out = out.resolve()
     prepare(out)
-    overrides = [*shape_overrides(ranks=1, nodes=NODES), *LAUNCH_OVERRIDES]
+    rollout_dir, rows_dir = out / ROLLOUTS, out / ROWS
+    overrides = [*shape_overrides(ranks=1, nodes=NODES), *LAUNCH_OVERRIDES, "vigor=enabled",
+                 f"trainer.rollout_data_dir={rollout_dir}"]
     env = {**os.environ, **CPU_ENV, "GAPO_SMOKE_DIR": str(out)}
-    result = {"out": out, "ckpt": out / "checkpoints"}
+    result = {"out": out, "ckpt": out / "checkpoints", "rollout_dir": rollout_dir, "rows_dir": rows_dir}
     started = time.time()
     with LocalRayCluster(NODES, 1, env, out / "logs" / "cluster") as cluster:
         cmd, env1, metrics1, log1 = run_command(out, "run1", TOTAL_STEPS, overrides, cluster)
+        env1["EXTRA_ENV"] += f" GAPO_DEBUG_LOSS_ROWS={rows_dir / 'run1'}"
         run1 = SupervisedRun(cmd, env1, log1, cwd=ROOT, timeout_s=RUN_TIMEOUT_S, watch_patterns=False)
         try:
             while STEPS not in logged_steps(metrics1):
@@ -243,6 +253,7 @@ def lost_node_then_resumed(out: Path) -> dict:
             run1.kill()
         cluster.restart_node(1)  # a replacement node joins the cluster
         cmd, env2, metrics2, log2 = run_command(out, "run2", TOTAL_STEPS, overrides, cluster)
+        env2["EXTRA_ENV"] += f" GAPO_DEBUG_LOSS_ROWS={rows_dir / 'run2'}"
         cmd = [*cmd[:2], "--no-wait", *cmd[2:]]
         del env2["JOB_ID"]  # submit.sh's own submission id (gapo-<experiment>-<date>-<random>)
         submitted = SupervisedRun(cmd, env2, log2, cwd=ROOT, timeout_s=120).wait()

@@ -1,7 +1,9 @@
 """VIGOR end to end on CPU: verl's real trainer (Ray, FSDP2 actor at world size 2, HF rollout, reward loop, GAPO
-loss) with `vigor=enabled` trains 2 steps with a checkpoint each step, then resumes and trains step 3. One run shared
-by every check here (~2-4 min on 2 cores). The loss dumps its per-row values on each rank (GAPO_DEBUG_LOSS_ROWS):
-the merged groups, of uneven sizes, are split over both ranks.
+loss) with `vigor=enabled`, in the session's 2-node run (conftest's ``lost_node``, tests/cluster_runs.py: a local
+2-node Ray cluster, one rank per node, submitted with launch/submit.sh): run1 trains steps 1-2 with a checkpoint each
+step and loses a node in step 3, run2 resumes and trains step 3. The loss dumps its per-row values on each rank
+(GAPO_DEBUG_LOSS_ROWS, one folder per run): the merged groups, of uneven sizes, are split over both ranks, one on each
+node.
 
 Everything is recomputed from verl's own rollout dump (`trainer.rollout_data_dir`: each rollout's TransferQueue key
 `{prompt}_{session}_{index}` and score; a later round's prompt key is `{uid}.r{t}`), not from VIGOR's code: the
@@ -20,25 +22,20 @@ from tests.test_trainer_e2e import expected_metrics, read_rollouts
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PROMPTS, N = 8, 8  # the smoke preset: data.train_batch_size, actor_rollout_ref.rollout.n
-RANKS = 2
+RANKS = 2  # the 2-node run: one rank on each node
 CFG = VigorConfig(enable=True)  # configs/vigor/enabled.yaml: the defaults, switched on
 ROUND_KEY = re.compile(r"^(?P<uid>[^_.]+)(?:\.r(?P<round>\d+))?_(?P<session>\d+)_(?P<index>\d+)$")
 
 
 @pytest.fixture(scope="module")
-def vigor_run(tmp_path_factory):
-    from recipe.smoke import run_smoke
-
-    from gapo.verl_plugin.losses import ROWS_ENV
-
-    out = tmp_path_factory.mktemp("vigor")
-    rollout_dir, rows_dir = out / "rollouts", out / "loss_rows"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ROWS_ENV, str(rows_dir))  # both runs append to rank{r}.jsonl; each row names its step
-        result = run_smoke(out, steps=2, resume_steps=1, ranks=RANKS,
-                           overrides=["vigor=enabled", f"trainer.rollout_data_dir={rollout_dir}"])
-    return {**result, "out": out, "rollout_dir": rollout_dir, "rows_dir": rows_dir,
-            "metrics": {**result["run1"], **result["run2"]}}
+def vigor_run(lost_node):
+    """The 2-node run's steps as this module reads them: metrics of the steps each job logged, its checkpoints, verl's
+    rollout dump, the loss rows of each job (run1's rows of the step it lost a node in are left out: that step never
+    finished), run2's log."""
+    runs = {"run1": lost_node["run1_metrics"], "run2": lost_node["run2_metrics"]}
+    return {**runs, "metrics": {**runs["run1"], **runs["run2"]}, "ckpt_dir": lost_node["ckpt"],
+            "rollout_dir": lost_node["rollout_dir"], "rows_dir": lost_node["rows_dir"],
+            "run2_log": lost_node["run2_log"]}
 
 
 def rounds_of(rollouts):
@@ -136,10 +133,12 @@ def test_each_rank_saw_its_rows_merged_groups(vigor_run):
         threshold = float(compose("smoke_cpu", overrides=["vigor=enabled"]).actor_rollout_ref.actor.policy_loss
                           .success_threshold)
     rows = defaultdict(lambda: defaultdict(list))
-    for path in sorted(vigor_run["rows_dir"].glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            rows[int(row["step"])][int(path.stem[len("rank"):])].append(row)
+    for run in ("run1", "run2"):
+        for path in sorted((vigor_run["rows_dir"] / run).glob("rank*.jsonl")):
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                if int(row["step"]) in vigor_run[run]:  # the steps this run logged
+                    rows[int(row["step"])][int(path.stem[len("rank"):])].append(row)
     assert sorted(rows) == sorted(vigor_run["metrics"])
     for step, by_rank in rows.items():
         assert sorted(by_rank) == list(range(RANKS)) and all(by_rank.values()), step
@@ -161,7 +160,7 @@ def test_resume_continues_the_tie_break_stream(vigor_run):
     uninterrupted run; a restart from vigor.seed would equal one step's."""
     ckpt = vigor_run["ckpt_dir"]
     assert sorted(vigor_run["run1"]) == [1, 2] and sorted(vigor_run["run2"]) == [3]
-    log = (vigor_run["out"] / "logs" / "run2.log").read_text()
+    log = vigor_run["run2_log"]
     assert f"VIGOR: resumed the allocator's random state from {ckpt}/global_step_2/vigor_state.json" in log
     fresh = VigorAllocator(CFG, N)
     draws = [PROMPTS, *kept_counts(PROMPTS, CFG)[:-1]]
