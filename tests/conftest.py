@@ -92,6 +92,14 @@ def smoke_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def eval_cache(tmp_path_factory) -> Path:
+    """One verl-to-HF conversion cache (`python -m eval --cache-dir`, or GAPO_EVAL_CACHE) for the session's
+    evaluations of the smoke run (tests/test_eval_cli.py, tests/test_eval_smoke.py): each checkpoint is converted
+    once (verl's model merger, ~13 s on an idle machine), by whichever evaluation reads it first."""
+    return tmp_path_factory.mktemp("eval_cache")
+
+
+@pytest.fixture(scope="session")
 def lost_node(tmp_path_factory):
     """One submitted 2-node run for the whole session (tests/cluster_runs.py's lost_node_then_resumed, ~3 min): a
     local 2-raylet Ray cluster, the smoke preset at trainer.nnodes=2 submitted with launch/submit.sh; node 1's raylet

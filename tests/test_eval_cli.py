@@ -93,16 +93,17 @@ def test_cli_evaluates_a_step_range_of_checkpoints_and_aggregates(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def e2e(tmp_path_factory, smoke_run):
-    """A real verl checkpoint (step 1 of the session's smoke run, tests/conftest.py; only read here), and
-    benchmarks in the math, code and smoke formats."""
+def e2e(tmp_path_factory, smoke_run, eval_cache):
+    """A real verl checkpoint (step 1 of the session's smoke run, tests/conftest.py; only read here), the session's
+    conversion cache, and benchmarks in the math, code and smoke formats."""
     root = tmp_path_factory.mktemp("eval_e2e")
     smoke = smoke_run["out"]
     data = root / "data"
     prepare_math(data / "math")
     write_code_benchmark(data / "code" / "code_fixture.parquet")
-    return {"root": root, "ckpt": smoke_run["ckpt_dir"] / "global_step_1", "val": smoke / "data" / "val.parquet",
-            "env": {**os.environ, "GAPO_DATA_DIR": str(data)}, "train_s": smoke_run["runs"][0]["wall_s"]}
+    return {"root": root, "ckpt": smoke_run["ckpt_dir"] / "global_step_1", "cache": eval_cache,
+            "val": smoke / "data" / "val.parquet", "env": {**os.environ, "GAPO_DATA_DIR": str(data)},
+            "train_s": smoke_run["runs"][0]["wall_s"]}
 
 
 def _run(cmd, env, ok=(0,)):
@@ -124,13 +125,13 @@ def _table_numbers(md: str) -> dict[str, list[str]]:
 @pytest.mark.slow
 def test_end_to_end_from_a_verl_checkpoint_and_resume(e2e):
     benches = [e2e["val"], "aime24", "math500", "code_fixture"]
-    cache = e2e["root"] / "cache"
+    cache = e2e["cache"]  # the session's: another evaluation of step 1 may have converted it already
     full = e2e["root"] / "full"
     proc, full_s = _run(_eval_cmd(e2e["ckpt"], benches, full, "--limit", "12", "--seed", "1", "--cache-dir", cache),
                         e2e["env"])
     print(f"\n[eval e2e] the smoke run's first training run: {e2e['train_s']:.0f} s; "
           f"evaluation incl. conversion: {full_s:.1f} s")
-    assert "converting verl checkpoint" in proc.stderr
+    assert "converting verl checkpoint" in proc.stderr or "using converted checkpoint" in proc.stderr
     summary = json.loads((full / "summary.json").read_text())
     run = json.loads((full / "run.json").read_text())
     assert run["model_kind"] == "verl" and run["step"] == 1 and summary["complete"]

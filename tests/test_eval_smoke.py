@@ -110,10 +110,10 @@ def test_eval_smoke_without_a_smoke_run_says_run_make_smoke(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def conversions(tmp_path_factory) -> dict:
-    """One verl-to-HF conversion cache for this module's evaluations of the session's smoke run (GAPO_EVAL_CACHE):
-    each of its checkpoints is converted once (verl's model merger, ~13 s each on an idle machine)."""
-    return {"GAPO_EVAL_CACHE": str(tmp_path_factory.mktemp("eval_cache"))}
+def conversions(eval_cache) -> dict:
+    """The session's verl-to-HF conversion cache (tests/conftest.py's eval_cache) as GAPO_EVAL_CACHE: each checkpoint
+    of the smoke run is converted once, whichever evaluation reads it first."""
+    return {"GAPO_EVAL_CACHE": str(eval_cache)}
 
 
 @pytest.mark.slow
