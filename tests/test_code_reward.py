@@ -54,7 +54,8 @@ def box():
 def _sandbox_cpu_s(sandbox) -> float:
     """CPU seconds used so far by the sandbox's executor and every program it ran (the executor waits for its
     children, so theirs is in its cutime/cstime): a cost that a busy machine does not inflate, unlike wall time."""
-    stat = open(f"/proc/{sandbox._proc.pid}/stat").read()
+    with open(f"/proc/{sandbox._proc.pid}/stat") as f:
+        stat = f.read()
     utime, stime, cutime, cstime = (int(x) for x in stat[stat.rfind(")") + 2:].split()[11:15])
     return (utime + stime + cutime + cstime) / os.sysconf("SC_CLK_TCK")
 

@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from gapo.rewards import RESULT_DEFAULTS, compute_score, compute_score_batch
+from gapo.rewards.math import verify_pool
 from gapo.rewards.math.answer import (
     FORMAT_REASONS,
     REASONS,
@@ -45,7 +46,6 @@ from gapo.rewards.math.latex import (
     strip_formatting,
     unicode_operators,
 )
-from gapo.rewards.math import verify_pool
 from gapo.rewards.math.verify_pool import PoolBroken, VerifyPool
 
 KEYS = {"score", "acc", "pred", "format_error", "timeout", "reason"}
