@@ -48,9 +48,15 @@ def _fence(code: str) -> str:
     return f"```python\n{code}```"
 
 
+# Rows here have no data_source: they run under the box's limits. Every right answer must pass and every cheat fails
+# by itself (none relies on a timeout), so the limits are roomy: 30 s a test, 60 s a problem (it was 3 s and 8 s, which
+# a loaded machine can use up starting a right program). The one timeout path passes its own 0.3 s, to an endless loop.
+ROOMY = {"test_timeout_s": 30.0, "problem_timeout_s": 60.0}
+
+
 @pytest.fixture(scope="module")
 def box():
-    sandbox = started_sandbox(SandboxConfig(test_timeout_s=3.0, problem_timeout_s=8.0, memory_mb=512))
+    sandbox = started_sandbox(SandboxConfig(memory_mb=512, **ROOMY))
     yield sandbox
     sandbox.close()
 
@@ -58,8 +64,8 @@ def box():
 @pytest.fixture(scope="module")
 def probe_box():
     """Leak probes read every file the box can see (the interpreter's whole install is bound in): about 1 s
-    alone, but more than the 3 s of `box` when CI trains beside it (a timeout there says nothing about a
-    leak), so they get a generous limit."""
+    alone, but more than 3 s when CI trains beside it (a timeout there says nothing about a leak), so they get
+    twice the room of `box`."""
     sandbox = started_sandbox(SandboxConfig(test_timeout_s=60.0, problem_timeout_s=120.0, memory_mb=512))
     yield sandbox
     sandbox.close()
@@ -562,8 +568,7 @@ def box_of_a_nohup_parent(request):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the unsandboxed variant warns, by design
-            sandbox = started_sandbox(SandboxConfig(test_timeout_s=3.0, problem_timeout_s=8.0, memory_mb=512,
-                                                    **extra))
+            sandbox = started_sandbox(SandboxConfig(memory_mb=512, **ROOMY, **extra))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
         for sig, handler in saved.items():
