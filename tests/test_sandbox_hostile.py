@@ -25,7 +25,17 @@ CALL_TESTS = json.dumps([{"type": "function_call", "fn_name": "f", "input": [2, 
 HE_TESTS = {"prompt": "def add(a, b):\n    \"\"\"Add two numbers.\"\"\"\n",
             "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
             "entry_point": "add"}
+# The box's own limits are short (0.5 s a test), for the attacks: each is slow by construction (it loops, sleeps
+# 600 s, forks or allocates forever) or fails by itself, so only its score is checked. Programs that must finish (the
+# right answers, the probes whose output is checked) get ROOMY limits, which no load uses up on a program that needs
+# well under a second.
 CONFIG = SandboxConfig(test_timeout_s=0.5, problem_timeout_s=2.0, memory_mb=256)
+ROOMY = {"test_timeout_s": 30.0, "problem_timeout_s": 60.0}
+# An attack batch must end within this bound: REPEAT runs over the slots, each stopped at its 0.5 s limit, take 8 s at
+# most here beside another test run (a fork bomb); one run that escaped its limits would hold the batch until the
+# scorer's batch limit (BATCH_LIMIT_S, which its sleeps of 600 s outlast). 120 s is 15x the first and half the second.
+ATTACK_BOUND_S = 120.0
+BATCH_LIMIT_S = 240.0
 
 
 def _fence(code: str) -> str:
@@ -76,24 +86,27 @@ def slot_processes(sandbox: Sandbox) -> list[str]:
     return found
 
 
-def run_hostile(box, code: str, tests=SUM_TESTS, repeat: int = REPEAT) -> list[dict]:
-    results = score_code_batch([_fence(code)] * repeat, [tests] * repeat, sandbox=box)
+def run_hostile(box, code: str, tests=SUM_TESTS, repeat: int = REPEAT, **limits) -> list[dict]:
+    """``code`` ``repeat`` times in one batch (under the box's short limits unless ``limits`` says otherwise, and the
+    scorer's batch limit BATCH_LIMIT_S), then nothing of it may be left and a right program must still pass."""
+    results = score_code_batch([_fence(code)] * repeat, [tests] * repeat, sandbox=box, batch_timeout_s=BATCH_LIMIT_S,
+                               **limits)
     assert slot_processes(box) == [], "a sandboxed process outlived its batch"
-    healthy = score_code_batch([_fence(SUM_RIGHT)] * 4, [SUM_TESTS] * 4, sandbox=box)
+    healthy = score_code_batch([_fence(SUM_RIGHT)] * 4, [SUM_TESTS] * 4, sandbox=box, **ROOMY)
     assert [r["score"] for r in healthy] == [1.0] * 4, "the sandbox stopped working after the attack"
     return results
 
 
 ATTACKS = {
     "infinite_loop": "while True:\n    pass\n",
-    "sleep": "import time\ntime.sleep(100)\nprint(6)\n",
+    "sleep": "import time\ntime.sleep(600)\nprint(6)\n",
     "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
     "thread_bomb": ("import threading, time\nwhile True:\n"
-                    "    threading.Thread(target=time.sleep, args=(100,)).start()\n"),
+                    "    threading.Thread(target=time.sleep, args=(600,)).start()\n"),
     "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(10 ** 7))\n",
     "output_flood": "while True:\n    print('6' * 10000)\n",
     "daemonise_then_answer_wrong": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                                    "        time.sleep(60)\n    os._exit(0)\nprint(7)\n"),
+                                    "        time.sleep(600)\n    os._exit(0)\nprint(7)\n"),
     "kill_parents": ("import os, signal\nfor pid in (os.getppid(), 1, -1, 0):\n    try:\n"
                      "        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\nprint(7)\n"),
 }
@@ -106,8 +119,9 @@ def test_attack_scores_zero_and_leaves_nothing(box, name):
     results = run_hostile(box, ATTACKS[name])
     assert [r["score"] for r in results] == [0.0] * REPEAT
     assert box._proc is executor and executor.poll() is None, "the executor was killed"
-    # REPEAT runs over the slots, each bounded by the per-test limit (+ launch and cleanup).
-    assert time.monotonic() - start < REPEAT / CONFIG.slots * (CONFIG.test_timeout_s + 0.5) + 5
+    # REPEAT runs over the slots, each bounded by the per-test limit (+ launch and cleanup): see ATTACK_BOUND_S (it
+    # was REPEAT / slots x (limit + 0.5 s) + 5 s, 15 s here: 2x what a fork bomb takes beside another test run)
+    assert time.monotonic() - start < ATTACK_BOUND_S
 
 
 def test_timeouts_are_flagged(box):
@@ -134,11 +148,11 @@ def test_host_files_cannot_be_written_read_or_deleted(box, tmp_path):
         "        hits.append(path)\n    except OSError:\n        pass\n"
         "print(6 if hits else 0)\nprint(hits)\n"
     )
-    results = run_hostile(box, code)
+    results = run_hostile(box, code, **ROOMY)  # room to finish: a score of 0 is then "nothing found", not a timeout
     assert [r["score"] for r in results] == [0.0] * REPEAT
     assert victim.read_text() == "original\n"
     assert not os.path.exists("/usr/pwned")
-    raw = box.run(code, ["3\n1 2 3\n"])[0]
+    raw = box.run(code, ["3\n1 2 3\n"], **ROOMY)[0]
     assert raw.exited_ok and raw.stdout.decode().split("\n")[1] == "[]", raw
 
 
@@ -154,7 +168,7 @@ def test_environment_and_proc_do_not_leak_secrets(monkeypatch):
             "for path in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline') + ['/proc/1/environ']:\n"
             "    try:\n        print(path, open(path, 'rb').read())\n    except OSError as e:\n        print(path, e)\n")
     try:
-        for result in sandbox.run(code, [""] * REPEAT):
+        for result in sandbox.run(code, [""] * REPEAT, **ROOMY):
             assert result.exited_ok, result
             assert b"/proc/1/environ" in result.stdout
             assert secret.encode() not in result.stdout and secret.encode() not in result.stderr
@@ -186,7 +200,7 @@ def test_network_is_unreachable(box):
             "    try:\n        s = socket.create_connection((host, "
             f"{port}), timeout=0.2)\n        ok = 1\n    except OSError:\n        pass\nprint(6 if ok else 0)\n")
     try:
-        results = run_hostile(box, code)
+        results = run_hostile(box, code, **ROOMY)  # room to try every host: a score of 0 is then "unreachable"
     finally:
         stop.set()
         thread.join()
@@ -196,11 +210,14 @@ def test_network_is_unreachable(box):
 
 
 def test_big_unread_stdin_does_not_hang(box):
+    # Right programs, under ROOMY's 30 s a test (a hang scores 0 there); the call's bound, 25 s, is 20x what it takes
+    # beside another test run and below that limit (it was 5 s, under 0.5 s a test: 4x, and a start under load could
+    # miss the limit).
     tests = json.dumps({"inputs": ["x" * (10 << 20)], "outputs": ["6\n"]})
     start = time.monotonic()
-    results = score_code_batch([_fence("print(6)\n")] * 4, [tests] * 4, sandbox=box)
+    results = score_code_batch([_fence("print(6)\n")] * 4, [tests] * 4, sandbox=box, **ROOMY)
     assert [r["score"] for r in results] == [1.0] * 4
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 25
 
 
 CALL_ATTACKS = {
@@ -217,7 +234,7 @@ CALL_ATTACKS = {
 def test_call_based_cheats_fail(box, name):
     results = run_hostile(box, CALL_ATTACKS[name], tests=CALL_TESTS, repeat=5)
     assert [r["score"] for r in results] == [0.0] * 5
-    right = score_code_batch([_fence("def f(a, b):\n    return a + b\n")], [CALL_TESTS], sandbox=box)
+    right = score_code_batch([_fence("def f(a, b):\n    return a + b\n")], [CALL_TESTS], sandbox=box, **ROOMY)
     assert right[0]["score"] == 1.0
 
 
@@ -238,7 +255,7 @@ HE_ATTACKS = {
 def test_humaneval_cheats_fail(box, name):
     results = run_hostile(box, HE_ATTACKS[name], tests=HE_TESTS, repeat=5)
     assert [r["score"] for r in results] == [0.0] * 5
-    right = score_code_batch([_fence("def add(a, b):\n    return a + b\n")], [HE_TESTS], sandbox=box)
+    right = score_code_batch([_fence("def add(a, b):\n    return a + b\n")], [HE_TESTS], sandbox=box, **ROOMY)
     assert right[0]["score"] == 1.0
 
 
@@ -259,8 +276,9 @@ def test_unsandboxed_only_when_allowed(monkeypatch):
         sandbox.start()
     try:
         assert sandbox.mode == "unsandboxed"
-        results = score_code_batch([_fence(SUM_RIGHT), _fence(ATTACKS["daemonise_then_answer_wrong"])],
-                                   [SUM_TESTS] * 2, sandbox=sandbox)
+        # the right program under ROOMY limits, the daemon under the box's own (its sleep outlasts them)
+        results = score_code_batch([_fence(SUM_RIGHT)], [SUM_TESTS], sandbox=sandbox, **ROOMY)
+        results += score_code_batch([_fence(ATTACKS["daemonise_then_answer_wrong"])], [SUM_TESTS], sandbox=sandbox)
         assert [r["score"] for r in results] == [1.0, 0.0]
         if os.geteuid() == 0:
             assert slot_processes(sandbox) == []  # the uid cleaner still removes daemons
