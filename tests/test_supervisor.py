@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -28,15 +29,43 @@ def run(tmp_path, code: str, **kwargs) -> SupervisedRun:
     return SupervisedRun([sys.executable, "-c", code], dict(os.environ), tmp_path / "run.log", **kwargs)
 
 
+def _wait_for_flag(flag) -> str:
+    """Python lines that wait until ``flag`` exists (60 s at most): a run that must be seen by the supervisor's
+    sampler holds what it shows until the test saw the sampler see it, instead of for a fixed time that a sampler
+    delayed by load could miss."""
+    return (f"end = time.time() + 60\nwhile not os.path.exists({str(flag)!r}) and time.time() < end:\n"
+            "    time.sleep(0.05)\n")
+
+
+def _raise_flag_when(seen, flag) -> threading.Thread:
+    """Touch ``flag`` once ``seen()`` is true (or after 60 s, so the run ends and the test's assertion tells)."""
+    def watch():
+        end = time.monotonic() + 60
+        while not seen() and time.monotonic() < end:
+            time.sleep(0.05)
+        flag.touch()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_normal_run_returns_its_exit_code_and_memory(tmp_path):
-    result = run(tmp_path, "import time; x = bytearray(50 * 2**20); time.sleep(3); raise SystemExit(3)",
-                 sample_memory_s=0.2).wait(poll_s=0.1)
+    # it holds its 50 MiB until the sampler saw them (it slept 3 s: a sampler slowed by load could miss them)
+    flag = tmp_path / "seen"
+    code = f"import os, time\nx = bytearray(50 * 2**20)\n{_wait_for_flag(flag)}raise SystemExit(3)\n"
+    supervised = run(tmp_path, code, sample_memory_s=0.2)
+    watcher = _raise_flag_when(lambda: supervised.peak_pss > 50 * 2**20, flag)
+    result = supervised.wait(poll_s=0.1)
+    watcher.join()
     assert result.returncode == 3
     assert result.peak_pss_bytes > 50 * 2**20  # the 50 MiB buffer was seen
     assert result.leaked_shm_removed == []
 
 
 def test_a_hanging_run_is_killed_at_its_wall_clock_limit(tmp_path):
+    # The run must print before its 3 s limit (the tail is checked): 100x the 0.03 s an interpreter takes here to
+    # start and print. It then sleeps 600 s, so only the limit ends it within the bound of 60 s.
     start = time.time()
     supervised = run(tmp_path, "import time; print('working', flush=True); time.sleep(600)", timeout_s=3)
     with pytest.raises(RunTimedOut, match="wall-clock limit of 3 s") as err:
@@ -108,9 +137,13 @@ def test_leaked_shared_memory_is_removed_and_other_programs_segments_are_kept(tm
         "print('ok', flush=True); time.sleep(600)")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ok"
-        supervised = run(tmp_path, f"import time; {_make_segment(seen)}; time.sleep(1.5); "
-                                   f"{_make_segment(unseen, 'u')}", sample_memory_s=0.2)
+        # `seen` is held until the sampler saw it (it was held 1.5 s: a sampler slowed by load could miss it)
+        flag = tmp_path / "seen"
+        supervised = run(tmp_path, f"import os, time; {_make_segment(seen)}\n{_wait_for_flag(flag)}"
+                                   f"{_make_segment(unseen, 'u')}\n", sample_memory_s=0.2)
+        watcher = _raise_flag_when(lambda: seen in supervised.shm_held, flag)
         result = supervised.wait(poll_s=0.1)
+        watcher.join()
         assert result.returncode == 0
         assert result.leaked_shm_removed == sorted([seen, unseen])
         assert not os.path.exists(f"/dev/shm/{seen}") and not os.path.exists(f"/dev/shm/{unseen}")
