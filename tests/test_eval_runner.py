@@ -3,6 +3,7 @@ at most batch_size samples, large n with counts only and a resume mid-problem, c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -12,6 +13,24 @@ import pytest
 
 from tests.conftest import missing_tool
 from tests.eval_helpers import prepare_math, write_code_benchmark
+
+
+@pytest.fixture
+def roomy_reward(monkeypatch):
+    """The training reward as the runner calls it, with room for a loaded machine where the scripted verdicts are
+    checked one by one: the shared math pool with a 60 s soft timeout (its default 3 s fired under load on a
+    legitimate item in CI), built for the test and closed after it, and HumanEval with 10 s a recorded call instead
+    of its protocol's 1 s (HumanEval/73's canonical solution timed out at 1 s in CI)."""
+    import gapo.rewards
+    from gapo.rewards.math import verify_pool
+
+    monkeypatch.setenv("GAPO_MATH_SOFT_TIMEOUT_S", "60")
+    monkeypatch.setenv("GAPO_MATH_HARD_TIMEOUT_S", "120")
+    verify_pool.shutdown_pool()  # one built earlier, with other limits
+    monkeypatch.setattr(gapo.rewards, "compute_score_batch", functools.partial(
+        gapo.rewards.compute_score_batch, source_protocol={"humaneval": {"test_timeout_s": 10.0}}))
+    yield
+    verify_pool.shutdown_pool()
 
 
 class ScriptedBackend:
@@ -56,7 +75,7 @@ class ScriptedBackend:
         pass
 
 
-def test_scripted_answers_are_scored_by_the_training_reward_into_exact_passk(tmp_path, tiny_model):
+def test_scripted_answers_are_scored_by_the_training_reward_into_exact_passk(tmp_path, tiny_model, roomy_reward):
     if shutil.which("bwrap") is None:
         missing_tool("the code reward needs bubblewrap (Debian: apt-get install bubblewrap)")
     from eval.data import load_benchmarks
@@ -102,7 +121,7 @@ def test_calls_hold_at_most_batch_size_samples_and_keep_per_sample_seeds():
     assert [[pc.problem.index for pc in call] for call in plan_calls(problems, 4, 8, 0)] == [[0, 1], [2]]
 
 
-def test_large_n_runs_in_bounded_calls_keeps_counts_only_and_resumes_mid_problem(tmp_path, tiny_model):
+def test_large_n_runs_in_bounded_calls_keeps_counts_only_and_resumes_mid_problem(tmp_path, tiny_model, roomy_reward):
     """n = 256 with batch_size 64: no generate call holds more than 64 samples (a problem is generated in four
     slices), the store holds per-problem counts and no response, pass@k is exact, and a run killed in the middle
     of a problem's slices resumes to the same records."""
