@@ -160,9 +160,9 @@ install-trl: $(TRL_VENV)/.installed
 
 # Three environments, two streams at once: the default suite here, and beside it the vLLM environment's install then
 # tests/vllm, then the TRL environment's install then tests/trl_integration (lines prefixed "[vllm] " and "[trl] "; the installs'
-# logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log). Both streams spend much of their time waiting on Ray and
-# engine start-ups, so together they take ~60% of their sum on 2 cores (fresh-clone CI: 1471 s for 1381 s + 928 s of
-# tests plus installs; peak memory used 12.5 GB).
+# logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log). Together they keep both cores of a 2-core machine busy:
+# what each stream takes and which fixtures dominate is in docs/testing.md (fresh-clone CI: 1,580 s; peak memory
+# used 12.5 GB in an earlier run).
 test: install
 	@echo "tests/vllm, then tests/trl_integration, run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
