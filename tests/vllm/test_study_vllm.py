@@ -9,13 +9,12 @@ study code is the same for both engines (`--rollout` only adds `platform=cpu_vll
 rollout are checked in tests/test_vigor_e2e.py. Checked: the report and the figures are written, every number of
 report.json equals the one recomputed here from the runs' metrics files (verl's file logger), the methods got the
 clips they name, each run sampled from the actor's weights, and the VIGOR run spent the uniform budget in groups of
-the sizes its rounds logged.
+the sizes its rounds logged. The study is the session's (tests/vllm/conftest.py's ``reduced_study``; its runs also
+checkpoint their last step, and tests/vllm/test_vllm_rollout.py resumes its GAPO run).
 """
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,17 +24,7 @@ from recipe.studies.gspo_vs_gapo import StudySettings
 from recipe.studies.vigor_2x2 import REDUCED_METHODS, SUCCESS_RATE
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def reduced_study(tmp_path_factory):
-    out = tmp_path_factory.mktemp("study")
-    proc = subprocess.run([sys.executable, "-m", "recipe.studies.vigor_2x2", "--reduced", "--rollout", "vllm", "--out",
-                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"out": out, "stdout": proc.stdout}
 
 
 def logged(out: Path, method: str) -> dict[int, dict]:

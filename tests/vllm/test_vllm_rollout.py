@@ -5,9 +5,11 @@
    vLLM sample with the new policy: its log-probs equal HF's of the new weights to fp32 precision, while a stale
    engine differs by far more than the smoke run's 1e-5 bound (so that bound catches a skipped sync). Without
    the project's plug-in (gapo/vllm_cpu.py) the reload fails as verl's does.
-2. Training end to end (slow): `recipe.smoke --rollout vllm`, 2 steps, a checkpoint, a resume to step 3, with
-   dynamic batch sizes: per step the rollout/actor log-prob gap is below 1e-5, GAPO's thresholds reach the loss
-   and the per-c diagnostics are logged; nothing of the runs is left (processes, /dev/shm segments).
+2. Training end to end (slow): the GAPO run of the session's reduced study with verl's vLLM rollout
+   (tests/vllm/conftest.py: the smoke preset with dynamic batch sizes, 3 steps, a checkpoint at step 3), resumed
+   here for step 4 with the run's own command line: per step the rollout/actor log-prob gap is below 1e-5 (the
+   resumed engine got the checkpoint's weights), GAPO's thresholds reach the loss and the per-c diagnostics are
+   logged; nothing of the runs is left (processes, /dev/shm segments).
 3. A broken engine (slow): without the plug-in, verl's first weight sync fails inside the vLLM server and verl
    hangs; the project's runner ends the run with the named error within a bounded time and leaves nothing.
 """
@@ -21,7 +23,7 @@ import pytest
 import torch
 
 from gapo.supervisor import SHM_DIR
-from recipe.smoke import MAX_ROLLOUT_PROBS_DIFF, SmokeCheckError, run_smoke
+from recipe.smoke import MAX_ROLLOUT_PROBS_DIFF, SmokeCheckError, read_metrics, run_smoke, train
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -159,28 +161,50 @@ def test_without_the_plugin_vllms_cpu_layers_drop_their_weights(tiny):
 
 # ------------------------------------------------------------------------------------ training end to end
 @pytest.fixture(scope="module")
-def vllm_smoke(tmp_path_factory):
+def vllm_smoke(reduced_study):
+    """The reduced study's GAPO run (3 steps, its checkpoint of step 3) resumed for step 4 with the arguments the study
+    ran it with (its commands.sh), as `train` runs any smoke run: {"run1", "run2": metrics by step, "out": the run's
+    folder, "study": the study's, "ckpt_dir", "runs": [the resume's process identifiers], "shm_before"}."""
+    import shlex
+
+    from recipe.studies.gspo_vs_gapo import run_name
+
+    study = reduced_study["out"]
+    out = study / "runs" / run_name("gapo_linear", 0)
+    lines = [line for line in (study / "commands.sh").read_text().splitlines() if not line.startswith("#")]
+    [args] = [args for args in map(shlex.split, lines) if f"trainer.experiment_name=study_{out.name}" in args]
+    steps = args.index(next(a for a in args if a.startswith("trainer.total_training_steps=")))
+    overrides = args[steps + 1:]
     before = shm_now()
-    out = tmp_path_factory.mktemp("smoke_vllm")
-    result = run_smoke(out, steps=2, resume_steps=1, rollout="vllm")
-    return {**result, "out": out, "shm_before": before}
+    resumed = train(out, "resume", int(args[steps].split("=")[1]) + 1, overrides)
+    return {"run1": read_metrics(out / "logs" / "train.jsonl"), "run2": read_metrics(resumed["metrics_file"]),
+            "out": out, "study": study, "ckpt_dir": out / "checkpoints", "runs": [resumed], "shm_before": before}
+
+
+def trained(metrics: dict[int, dict]) -> dict[int, dict]:
+    """The training steps of a run's metrics (step 0 and a resume's first entry can hold validation alone)."""
+    return {step: m for step, m in metrics.items() if "training/rollout_probs_diff_max" in m}
 
 
 @pytest.mark.slow
 def test_training_with_vllm_rollouts_syncs_weights_every_step(vllm_smoke):
-    run1, run2 = vllm_smoke["run1"], vllm_smoke["run2"]
-    assert sorted(run1) == [1, 2] and sorted(run2) == [3]  # the resumed run continued from the checkpoint
+    run1, run2 = trained(vllm_smoke["run1"]), trained(vllm_smoke["run2"])
+    assert sorted(run1) == [1, 2, 3] and sorted(run2) == [4]  # the resumed run continued from the checkpoint
+    ckpt = vllm_smoke["ckpt_dir"]
+    resume_log = (vllm_smoke["out"] / "logs" / "resume.log").read_text(errors="replace")
+    assert f"Resuming from {ckpt}/global_step_3, setting global step to 3" in resume_log
     every = {**run1, **run2}
     for step, m in every.items():
         assert m["training/rollout_probs_diff_max"] < MAX_ROLLOUT_PROBS_DIFF, step
         assert m["timing_s/update_weights"] >= 0, step
-    log = (vllm_smoke["out"] / "logs" / "run1.log").read_text(errors="replace")
-    assert "vLLMHttpServer" in log  # verl's vLLM server generated the rollouts, not the hf stand-in
+    for log in ("train.log", "resume.log"):
+        text = (vllm_smoke["out"] / "logs" / log).read_text(errors="replace")
+        assert "vLLMHttpServer" in text, log  # verl's vLLM server generated the rollouts, not the hf stand-in
 
 
 @pytest.mark.slow
 def test_gapo_thresholds_and_per_c_diagnostics_with_vllm_rollouts(vllm_smoke):
-    every = {**vllm_smoke["run1"], **vllm_smoke["run2"]}
+    every = {**trained(vllm_smoke["run1"]), **trained(vllm_smoke["run2"])}
     for step, m in every.items():
         # thresholds in the loss: between eps_low (0.02) and eps_high_max (0.05) of the smoke preset, varying
         assert 0.02 <= m["gapo/loss_eps_high_mean"] <= 0.05, step
@@ -199,7 +223,7 @@ def test_nothing_of_the_vllm_runs_is_left(vllm_smoke):
     runs = vllm_smoke["runs"]
     sessions = {r["session"] for r in runs}
     markers = {r["marker"] for r in runs}
-    paths = [str(vllm_smoke["out"]), *(r["ray_tmp"] for r in runs)]
+    paths = [str(vllm_smoke["study"]), *(r["ray_tmp"] for r in runs)]  # the study's runs' and the resume's
     left = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
