@@ -225,8 +225,15 @@ STUBS = {
     "srun": 'echo "srun $*" >> "$FAKE_LOG"\n'
             'case " $* " in *" hostname "*) echo "10.0.0.1 fe80::1";;\n'
             '  *" start "*) echo "step $$" >> "$FAKE_LOG"; exec sleep 300;; esac',
-    # the python helper: record; the wait for GPUs succeeds unless FAKE_JOIN_RC says otherwise
-    "python": 'echo "python $*" >> "$FAKE_LOG"; exit "${FAKE_JOIN_RC:-0}"',
+    # the python helper: record; the wait for GPUs succeeds unless FAKE_JOIN_RC says otherwise. Like the real wait,
+    # it returns only once the steps that bring those GPUs have started (the head's for one node's GPUs, the workers'
+    # too for more): the script's teardown must not race a step's start (60 s at most, then it returns anyway)
+    "python": 'echo "python $*" >> "$FAKE_LOG"\n'
+              'if [[ " $* " =~ " wait-resources ".*--gpus\ ([0-9]+) ]]; then\n'
+              '  want=1; (( BASH_REMATCH[1] > GPUS_PER_NODE )) && want=2\n'
+              '  for _ in $(seq 600); do (( $(grep -c "^step " "$FAKE_LOG") >= want )) && break; sleep 0.1; done\n'
+              'fi\n'
+              'exit "${FAKE_JOIN_RC:-0}"',
     # submit.sh: record args and the env it got; FAKE_SUBMIT_SLEEP makes it run long
     "submit": 'echo "submit $* | RAY_ADDRESS=$RAY_ADDRESS JOB_ID=$JOB_ID AUTH=$RAY_AUTH_MODE:${#RAY_AUTH_TOKEN}" '
               '>> "$FAKE_LOG"; sleep "${FAKE_SUBMIT_SLEEP:-0}"; exit "${FAKE_SUBMIT_RC:-0}"',
