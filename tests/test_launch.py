@@ -229,7 +229,7 @@ STUBS = {
     # it returns only once the steps that bring those GPUs have started (the head's for one node's GPUs, the workers'
     # too for more): the script's teardown must not race a step's start (60 s at most, then it returns anyway)
     "python": 'echo "python $*" >> "$FAKE_LOG"\n'
-              'if [[ " $* " =~ " wait-resources ".*--gpus\ ([0-9]+) ]]; then\n'
+              'if [[ " $* " =~ " wait-resources ".*--gpus\\ ([0-9]+) ]]; then\n'
               '  want=1; (( BASH_REMATCH[1] > GPUS_PER_NODE )) && want=2\n'
               '  for _ in $(seq 600); do (( $(grep -c "^step " "$FAKE_LOG") >= want )) && break; sleep 0.1; done\n'
               'fi\n'
