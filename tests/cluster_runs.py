@@ -83,17 +83,11 @@ class _Run:
                                  cwd=ROOT, timeout_s=RUN_TIMEOUT_S, grace_s=END_BOUND_S)
         self.proc = self.run.proc
 
-    def wait_for_step(self, step: int) -> None:
-        """Until `step` is logged (its checkpoint is committed before its log line); fails if the run ends first."""
-        while step not in logged_steps(self.metrics_file):
+    def wait_until(self, done, what: str) -> None:
+        """Until `done()` (polled every 0.2 s); SmokeCheckError naming `what` if the run ends or hangs first."""
+        while not done():
             if self.proc.poll() is not None or time.time() - self.started > RUN_TIMEOUT_S:
-                raise SmokeCheckError(f"{self.name} ended or hung before step {step}:\n{self.run.log_text()[-4000:]}")
-            time.sleep(0.2)
-
-    def wait_for_file(self, path: Path) -> None:
-        while not path.exists():
-            if self.proc.poll() is not None or time.time() - self.started > RUN_TIMEOUT_S:
-                raise SmokeCheckError(f"{self.name} ended or hung before {path.name}:\n{self.run.log_text()[-4000:]}")
+                raise SmokeCheckError(f"{self.name} ended or hung before {what}:\n{self.run.log_text()[-4000:]}")
             time.sleep(0.2)
 
     def sweep(self) -> None:
@@ -129,14 +123,15 @@ def killed_then_resumed(out: Path, overrides: list[str], rows_dir: Path) -> dict
         # run1: steps 1-2, then a SIGKILL of the whole tree inside the save of step 3 (actor written, no commit)
         marker = out / f"paused_at_step_{SAVE_KILL_STEP}"
         run1 = runs["run1"] = _Run(out, "run1", overrides, rows_dir, {pause: f"{SAVE_KILL_STEP}:{marker}"})
-        run1.wait_for_file(marker)
+        run1.wait_until(marker.exists, f"the save of step {SAVE_KILL_STEP} paused")
         run1.sweep()
         states["after_run1"] = checkpoint_state(ckpt)
 
         # run2: resumes from step 2, commits step 3, loses rank 1's worker inside step 4
         marker4 = out / f"paused_at_step_{RANK_KILL_STEP}"  # a kill that came late would find step 4 held here
         run2 = runs["run2"] = _Run(out, "run2", overrides, rows_dir, {pause: f"{RANK_KILL_STEP}:{marker4}"})
-        run2.wait_for_step(RANK_KILL_STEP - 1)
+        last = RANK_KILL_STEP - 1  # its checkpoint is committed before its log line
+        run2.wait_until(lambda: last in logged_steps(run2.metrics_file), f"step {last}")
         time.sleep(KILL_AFTER_S)
         workers = actor_workers(run2.run)
         if sorted(workers) != list(range(RANKS)):

@@ -33,9 +33,7 @@ from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager, find
 
 import gapo.verl_plugin.checkpoint as checkpoint_module
 from gapo.verl_plugin.trainer import GAPOTrainer
-from tests.cluster_runs import RANK_KILL_STEP, SAVE_KILL_STEP, SMOKE_RUN_STEPS
-
-TRACKER = "latest_checkpointed_iteration.txt"
+from tests.cluster_runs import RANK_KILL_STEP, SAVE_KILL_STEP, SMOKE_RUN_STEPS, TRACKER
 
 
 def actor_files(world_size: int) -> set[str]:
