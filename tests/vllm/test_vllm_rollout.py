@@ -125,10 +125,15 @@ def test_a_weight_sync_reaches_the_cpu_engine_and_a_stale_engine_would_be_caught
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     assert UnquantizedLinearMethod.process_weights_after_loading.__module__ == "gapo.vllm_cpu"  # our plug-in loaded
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     base, new = _perturbed(tiny)
     llm = _engine(tiny)
     try:
         before = _sample(llm, PROMPTS)
+        # the engine's warm-up (its dummy sampler run) and log-prob ranks compiled nothing (gapo/vllm_cpu.py)
+        assert not counters["frames"], dict(counters["frames"])
         assert _gap(before, base, PROMPTS) < MAX_ROLLOUT_PROBS_DIFF  # vLLM fp32 == HF fp32
         # a stale engine (sync skipped) against the updated actor: far above the smoke run's bound
         assert _gap(before, new, PROMPTS) > 100 * MAX_ROLLOUT_PROBS_DIFF
@@ -140,6 +145,29 @@ def test_a_weight_sync_reaches_the_cpu_engine_and_a_stale_engine_would_be_caught
         assert _gap(again, base, PROMPTS) < MAX_ROLLOUT_PROBS_DIFF
     finally:
         del llm
+
+
+def test_the_plugin_runs_vllms_compiled_sampler_helpers_eagerly_with_the_same_results():
+    """On CPU the plug-in swaps each torch.compile wrapper of vLLM's sampler helpers for the function it wraps:
+    the same ops, no inductor build at engine start (gapo/vllm_cpu.py)."""
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs, topk_topp_sampler
+
+    for module, name in ((topk_topp_sampler, "compiled_random_sample"), (logprobs, "batched_count_greater_than"),
+                         (sampler, "batched_count_greater_than")):
+        fn = getattr(module, name)
+        assert not hasattr(fn, "_torchdynamo_orig_callable") and fn.__name__ == name, (module.__name__, name)
+    assert sampler.batched_count_greater_than is logprobs.batched_count_greater_than
+    # ranks: how many log-probs of each row are >= the row's value (ties counted, as vLLM's rank is 1-based)
+    x = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-0.1, -0.1, -4.0, -0.2]])
+    assert logprobs.batched_count_greater_than(x, torch.tensor([[-2.0], [-0.1]])).tolist() == [3, 2]
+    # one sample per row, the argmax of probs / exponential noise: a row whose mass is all on one token draws it
+    logits = torch.full((3, 5), -1e9)
+    logits[0, 4] = logits[1, 0] = logits[2, 2] = 0.0
+    assert topk_topp_sampler.compiled_random_sample(logits).tolist() == [4, 0, 2]
 
 
 def test_without_the_plugin_vllms_cpu_layers_drop_their_weights(tiny):
@@ -241,9 +269,9 @@ def test_nothing_of_the_vllm_runs_is_left(vllm_smoke):
 # ------------------------------------------------------------------------------------ a broken engine
 @pytest.mark.slow
 def test_a_broken_engine_ends_the_run_with_its_error_in_bounded_time(tmp_path, monkeypatch):
-    """Without the plug-in (VLLM_PLUGINS names only another plug-in) verl's first weight sync fails in the vLLM
-    server; verl itself would wait forever. The runner names the error and cleans up."""
-    monkeypatch.setenv("VLLM_PLUGINS", "none_of_ours")
+    """Without the weight plug-in (VLLM_PLUGINS names only the eager sampler one) verl's first weight sync fails in
+    the vLLM server; verl itself would wait forever. The runner names the error and cleans up."""
+    monkeypatch.setenv("VLLM_PLUGINS", "gapo_cpu_eager_sampler")
     before = shm_now()
     start = time.time()
     with pytest.raises(SmokeCheckError, match="vLLM weight sync failed") as failure:  # not the wall-clock limit
