@@ -147,36 +147,48 @@ install-gpu:
 # imports trl's AutoModelForCausalLMWithValueHead whenever trl is importable, and trl 1.x no longer has it, so verl's
 # trainer cannot build its actor where trl 1.16.0 is installed (tests/trl_integration/test_trl_integration.py shows it; the
 # verl driver's preflight stops such a run). The project installs with verl as everywhere, only verl's trainer is
-# not run here.
-$(TRL_VENV)/.installed: pyproject.toml | system-deps
+# not run here. A layer over .venv: a .pth file puts .venv's site-packages after .venv-trl's own, so .venv-trl installs
+# only trl (and what trl needs that .venv lacks or pins otherwise, which then shadows .venv's copy), not a second torch;
+# .venv itself never sees trl (docs/trl.md).
+$(TRL_VENV)/.installed: pyproject.toml $(VENV)/.installed | system-deps
 	test -x $(TRL_PY) || $(PYTHON) -m venv $(TRL_VENV)
+	$(PY) -c "import sysconfig; print(*dict.fromkeys(sysconfig.get_path(k) for k in ('purelib', 'platlib')), sep='\n')" \
+	  > "$$($(TRL_PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))")/_gapo_base_venv.pth"
 	$(TRL_PY) -m pip install -q --upgrade pip
-	$(TRL_PY) -m pip install -q $(TORCH_CPU)
 	$(TRL_PY) -m pip install -q -e '.[trl,dev]'
-	$(TRL_PY) -c "import torch, trl, gapo.integrations.trl; print('installed: torch', torch.__version__, 'trl', trl.__version__)"
+	$(TRL_PY) -c "import torch, trl, gapo.integrations.trl; print('installed: torch', torch.__version__, 'from', torch.__path__[0], 'trl', trl.__version__)"
+	$(PY) -c "import importlib.util as u; assert u.find_spec('trl') is None, 'trl is importable in $(VENV): verl 0.9.1 cannot build its actor there'"
 	touch $@
 
 install-trl: $(TRL_VENV)/.installed
 
-# Three environments, two streams at once: the default suite here, and beside it the vLLM environment's install then
-# tests/vllm, then the TRL environment's install then tests/trl_integration (lines prefixed "[vllm] " and "[trl] "; the installs'
-# logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log). Together they keep both cores of a 2-core machine busy:
-# what each stream takes and which fixtures dominate is in docs/testing.md (fresh-clone CI: 1,580 s; peak memory
-# used 12.5 GB in an earlier run).
-test: install
-	@echo "tests/vllm, then tests/trl_integration, run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
+# Three environments, their suites at once: beside the default suite, the vLLM environment's install then tests/vllm
+# (lines prefixed "[vllm] "; started first, while .venv installs), and, once .venv is installed, the TRL environment
+# (a layer over .venv) then tests/trl_integration ("[trl] "); the installs' logs: $(VLLM_VENV).install.log,
+# $(TRL_VENV).install.log. Together they keep both cores of a 2-core machine busy: what each stream takes and which
+# fixtures dominate is in docs/testing.md (fresh-clone CI: 1,580 s; peak memory used 12.5 GB in an earlier run).
+# One OpenMP thread per process in every test target: the suite runs many torch processes at once (two streams, Ray's
+# workers, evaluations) on few cores, where a second intra-op thread mostly waits for a core; measured with a CPU hog on
+# one of 2 cores, one evaluation took 15.7 s and 14.6 CPU-s with torch's default 2 threads, 7.4 s and 7.2 CPU-s with 1
+# (docs/testing.md). The same kernels run either way; sums may round differently, which no test pins.
+test test-vllm test-trl test-fast: export OMP_NUM_THREADS := 1
+
+test: system-deps
+	@echo "tests/vllm and tests/trl_integration run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
 	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; vllm=$${PIPESTATUS[0]}; \
-	   if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
+	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; exit $${PIPESTATUS[0]} \
+	 ) & vllm=$$!; \
+	$(MAKE) --no-print-directory install || { wait $$vllm; exit 1; }; \
+	( if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
 	     tail -40 $(TRL_VENV).install.log; echo "ERROR: make install-trl failed (log: $(TRL_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; trl=$${PIPESTATUS[0]}; \
-	   [ $$vllm = 0 ] && [ $$trl = 0 ] \
-	 ) & side=$$!; \
-	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration -v --durations=15; status=$$?; \
-	wait $$side || { echo "ERROR: tests/vllm or tests/trl_integration failed (lines marked [vllm] or [trl] above)"; status=1; }; \
+	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; exit $${PIPESTATUS[0]} \
+	 ) & trl=$$!; \
+	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration -v --durations=30; status=$$?; \
+	wait $$vllm || { echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; status=1; }; \
+	wait $$trl || { echo "ERROR: tests/trl_integration failed (lines marked [trl] above)"; status=1; }; \
 	exit $$status
 
 # tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)
