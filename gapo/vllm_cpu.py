@@ -25,7 +25,7 @@ the sample of requests without a seed of their own, in ``vllm/v1/sample/ops/topk
 ``batched_count_greater_than``, the rank of each returned log-prob, in ``vllm/v1/sample/ops/logprobs.py``) run as the
 plain functions they wrap. The same torch ops, eagerly: with ``enforce_eager`` (every CPU setting of this project)
 they are the only code vLLM compiles, and inductor compiles C++ for them when the engine starts (the warm-up's dummy
-sampler run: 16.6 s of a 28 s engine start on 2 cores, measured with cProfile) and again at the first log-prob
+sampler run: 16.6 s of a 28.2 s in-process engine start for the tiny model, cProfile) and again at the first log-prob
 request, once per engine process. On tensors of one batch x vocabulary on CPU the eager ops take milliseconds.
 """
 
