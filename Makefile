@@ -162,12 +162,11 @@ $(TRL_VENV)/.installed: pyproject.toml $(VENV)/.installed | system-deps
 
 install-trl: $(TRL_VENV)/.installed
 
-# Three environments, two streams at once: the default suite in .venv, and beside it the vLLM environment's install then
-# tests/vllm (lines prefixed "[vllm] "; it installs while .venv does), then the TRL environment (a layer over .venv) and
-# tests/trl_integration ("[trl] "). The installs' logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log; .venv's
-# install holds $(VENV).lock, which the TRL install waits for. Together they keep both cores of a 2-core machine busy:
-# what each stream takes and which fixtures dominate is in docs/testing.md (fresh-clone CI: 1,231 s; peak memory
-# used 12.5 GB in an earlier run).
+# Three environments, their suites at once: beside the default suite, the vLLM environment's install then tests/vllm
+# (lines prefixed "[vllm] "; started first, while .venv installs), and, once .venv is installed, the TRL environment
+# (a layer over .venv) then tests/trl_integration ("[trl] "); the installs' logs: $(VLLM_VENV).install.log,
+# $(TRL_VENV).install.log. Together they keep both cores of a 2-core machine busy: what each stream takes and which
+# fixtures dominate is in docs/testing.md (fresh-clone CI: 1,580 s; peak memory used 12.5 GB in an earlier run).
 # One OpenMP thread per process in every test target: the suite runs many torch processes at once (two streams, Ray's
 # workers, evaluations) on few cores, where a second intra-op thread mostly waits for a core; measured with a CPU hog on
 # one of 2 cores, one evaluation took 15.7 s and 14.6 CPU-s with torch's default 2 threads, 7.4 s and 7.2 CPU-s with 1
@@ -175,22 +174,21 @@ install-trl: $(TRL_VENV)/.installed
 test test-vllm test-trl test-fast: export OMP_NUM_THREADS := 1
 
 test: system-deps
-	@echo "tests/vllm, then tests/trl_integration, run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
+	@echo "tests/vllm and tests/trl_integration run beside the default suite, each in its own environment (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
 	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; vllm=$${PIPESTATUS[0]}; \
-	   if ! flock $(VENV).lock $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
+	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; exit $${PIPESTATUS[0]} \
+	 ) & vllm=$$!; \
+	$(MAKE) --no-print-directory install || { wait $$vllm; exit 1; }; \
+	( if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
 	     tail -40 $(TRL_VENV).install.log; echo "ERROR: make install-trl failed (log: $(TRL_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; trl=$${PIPESTATUS[0]}; \
-	   [ $$vllm = 0 ] || echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; \
-	   [ $$trl = 0 ] || echo "ERROR: tests/trl_integration failed (lines marked [trl] above)"; \
-	   [ $$vllm = 0 ] && [ $$trl = 0 ] \
-	 ) & side=$$!; \
-	flock $(VENV).lock $(MAKE) --no-print-directory install || { wait $$side; exit 1; }; \
+	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; exit $${PIPESTATUS[0]} \
+	 ) & trl=$$!; \
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration -v --durations=30; status=$$?; \
-	wait $$side || status=1; \
+	wait $$vllm || { echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; status=1; }; \
+	wait $$trl || { echo "ERROR: tests/trl_integration failed (lines marked [trl] above)"; status=1; }; \
 	exit $$status
 
 # tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)

@@ -12,25 +12,6 @@ if str(ROOT) not in sys.path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-# The end-to-end modules last. What `make test` waits for is the default stream (tests/vllm and tests/trl_integration
-# run beside it, ending first): once that other stream has ended, its tail has both cores to itself. Unit tests there
-# (one process, some of them waiting by design: timeouts, a stuck worker) left one core idle for minutes (~0.9 cores
-# used over the last 270 s of two CI runs, /proc/stat); the trainer runs keep both busy. So each module holding a test
-# marked slow or reading one of the session's trainer runs moves to the end, whole (its module fixtures are set up
-# once), the modules in their collected order.
-TRAINER_RUN_FIXTURES = {"smoke_run", "lost_node", "math_run"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Unit-test modules first, then the end-to-end ones (see above); the order within each module kept."""
-    def module(item) -> str:
-        return getattr(getattr(item, "module", None), "__name__", "")
-
-    late = {module(item) for item in items if item.get_closest_marker("slow")
-            or TRAINER_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    items.sort(key=lambda item: module(item) in late)  # stable: collected order within each group
-
-
 # A missing tool that a test needs (bubblewrap, the sandbox's numpy, shellcheck) fails the test: `make test` must not
 # pass by skipping. A developer without them can opt out by hand: GAPO_ALLOW_MISSING_TOOLS=1 turns those failures
 # into skips (never set in CI).
