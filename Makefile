@@ -167,10 +167,9 @@ install-trl: $(TRL_VENV)/.installed
 # (a layer over .venv) then tests/trl_integration ("[trl] "); the installs' logs: $(VLLM_VENV).install.log,
 # $(TRL_VENV).install.log. Together they keep both cores of a 2-core machine busy: what each stream takes and which
 # fixtures dominate is in docs/testing.md (fresh-clone CI: 1,231 s; peak memory used 12.5 GB in an earlier run).
-# One OpenMP thread per process in every test target: the suite runs many torch processes at once (two streams, Ray's
-# workers, evaluations) on few cores, where a second intra-op thread mostly waits for a core; measured with a CPU hog on
-# one of 2 cores, one evaluation took 15.7 s and 14.6 CPU-s with torch's default 2 threads, 7.4 s and 7.2 CPU-s with 1
-# (docs/testing.md). The same kernels run either way; sums may round differently, which no test pins.
+# One OpenMP thread per process in every test target: the suite runs many torch processes at once on few cores, where
+# a second intra-op thread mostly waits for a core (measured: docs/testing.md, Time). Same kernels; sums may round
+# differently, which no test pins.
 test test-vllm test-trl test-fast: export OMP_NUM_THREADS := 1
 
 test: system-deps

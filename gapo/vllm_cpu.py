@@ -50,19 +50,16 @@ _EAGER_ON_CPU = (("vllm.v1.sample.ops.topk_topp_sampler", "compiled_random_sampl
                  ("vllm.v1.sample.sampler", "batched_count_greater_than"))
 
 
-def _run_sampler_helpers_eagerly() -> list[str]:
-    """Replace each of :data:`_EAGER_ON_CPU` that is a ``torch.compile`` wrapper by the function it wraps; returns
-    the ``module.name`` of those replaced (a vLLM without one of them, or with a plain function, is left as it is)."""
+def _run_sampler_helpers_eagerly() -> None:
+    """Replace each of :data:`_EAGER_ON_CPU` that is a ``torch.compile`` wrapper by the function it wraps (a vLLM
+    without one of them, or with a plain function there, is left as it is)."""
     import importlib
 
-    replaced = []
     for module_name, name in _EAGER_ON_CPU:
         module = importlib.import_module(module_name)
         eager = getattr(getattr(module, name, None), "_torchdynamo_orig_callable", None)
         if eager is not None:
             setattr(module, name, eager)
-            replaced.append(f"{module_name}.{name}")
-    return replaced
 
 
 def register() -> None:
