@@ -43,7 +43,6 @@ from typing import Optional
 import torch
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.utils.metric import AggregationType, Metric
-from verl.workers.utils.losses import ppo_loss
 
 from gapo.clip_diagnostics import BATCH_FIELDS, SUMS_PREFIX, batch_sums, diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
@@ -107,6 +106,15 @@ def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, suc
         yield stats
     finally:
         _GROUP_STATS.reset(token)
+
+
+def ppo_loss(config, model_output, data, dp_group=None):
+    """verl's `ppo_loss` (verl.workers.utils.losses), imported at the first micro-batch, not with this module: that
+    module imports verl's dataset utilities (HF datasets, pandas, pyarrow: ~0.8 s and ~800 modules), and this module
+    is imported by `import verl` (the plug-in) in every process of a run, most of which never compute a loss."""
+    from verl.workers.utils.losses import ppo_loss as verl_ppo_loss
+
+    return verl_ppo_loss(config, model_output, data, dp_group)
 
 
 class GAPOActorLoss:
