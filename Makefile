@@ -163,8 +163,8 @@ $(TRL_VENV)/.installed: pyproject.toml $(VENV)/.installed | system-deps
 install-trl: $(TRL_VENV)/.installed
 
 # Three environments, their suites at once: beside the default suite, the vLLM environment's install then tests/vllm
-# (lines prefixed "[vllm] "; started first, while .venv installs), and, once .venv is installed, the modules of the
-# 2-node cluster run (CLUSTER_TESTS, "[cluster] ") and the TRL environment (a layer over .venv) then
+# (lines prefixed "[vllm] "; started first, while .venv installs), and, once .venv is installed, the modules that read
+# the session's trainer runs (E2E_TESTS, "[e2e] ") and the TRL environment (a layer over .venv) then
 # tests/trl_integration ("[trl] "); the installs' logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log. Together
 # they keep both cores of a 2-core machine busy to the end: what each stream takes and which fixtures dominate is in
 # docs/testing.md (peak memory used 12.5 GB in an earlier run).
@@ -175,27 +175,29 @@ install-trl: $(TRL_VENV)/.installed
 # pytest processes beside it.
 test test-vllm test-trl test-fast: export OMP_NUM_THREADS := 1
 test test-vllm test-trl test-fast: export RAY_worker_niceness := 0
-# the modules that read the session's 2-node cluster run (tests/conftest.py's lost_node): their own stream in make test
-CLUSTER_TESTS := tests/test_cluster_nodes.py tests/test_launch.py tests/test_vigor_e2e.py
+# the modules that read the session's trainer runs (tests/conftest.py's smoke_run and lost_node; over half of the default
+# suite's CPU time): their own stream in make test, so that the unit tests run beside them
+E2E_TESTS := tests/test_trainer_e2e.py tests/test_cluster_e2e.py tests/test_kill_resume.py tests/test_plot_run.py \
+	tests/test_eval_cli.py tests/test_eval_smoke.py tests/test_cluster_nodes.py tests/test_launch.py tests/test_vigor_e2e.py
 
 test: system-deps
-	@echo "tests/vllm, tests/trl_integration and the cluster modules run beside the default suite (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
+	@echo "tests/vllm, tests/trl_integration and the end-to-end modules run beside the default suite (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
 	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
 	     exit 1; fi; \
 	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; exit $${PIPESTATUS[0]} \
 	 ) & vllm=$$!; \
 	$(MAKE) --no-print-directory install || { wait $$vllm; exit 1; }; \
-	( $(PY) -m pytest $(CLUSTER_TESTS) -v --durations=5 2>&1 | sed -u 's/^/[cluster] /'; exit $${PIPESTATUS[0]} \
-	 ) & cluster=$$!; \
+	( $(PY) -m pytest $(E2E_TESTS) -v --durations=10 2>&1 | sed -u 's/^/[e2e] /'; exit $${PIPESTATUS[0]} \
+	 ) & e2e=$$!; \
 	( if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
 	     tail -40 $(TRL_VENV).install.log; echo "ERROR: make install-trl failed (log: $(TRL_VENV).install.log)"; \
 	     exit 1; fi; \
 	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; exit $${PIPESTATUS[0]} \
 	 ) & trl=$$!; \
-	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration $(CLUSTER_TESTS:%=--ignore=%) -v \
+	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration $(E2E_TESTS:%=--ignore=%) -v \
 	  --durations=30; status=$$?; \
-	wait $$cluster || { echo "ERROR: the cluster modules failed (lines marked [cluster] above)"; status=1; }; \
+	wait $$e2e || { echo "ERROR: the end-to-end modules failed (lines marked [e2e] above)"; status=1; }; \
 	wait $$vllm || { echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; status=1; }; \
 	wait $$trl || { echo "ERROR: tests/trl_integration failed (lines marked [trl] above)"; status=1; }; \
 	exit $$status
