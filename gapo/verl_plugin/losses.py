@@ -110,7 +110,7 @@ def group_stats_context(num_correct: torch.Tensor, group_size: torch.Tensor, suc
 
 def ppo_loss(config, model_output, data, dp_group=None):
     """verl's `ppo_loss` (verl.workers.utils.losses), imported at the first micro-batch, not with this module: that
-    module imports verl's dataset utilities (HF datasets, pandas, pyarrow: ~0.8 s and ~800 modules), and this module
+    module imports verl's dataset utilities (HF datasets, pandas, pyarrow: ~0.8 CPU-s and ~540 modules), and this module
     is imported by `import verl` (the plug-in) in every process of a run, most of which never compute a loss."""
     from verl.workers.utils.losses import ppo_loss as verl_ppo_loss
 
