@@ -192,33 +192,42 @@ class HFBackend:
         return limit
 
     def generate(self, requests: list[Request]) -> list[list[Completion]]:
-        """The completions of each request, in order: ``len(req.seeds)`` samples each, in chunks of ``batch_size``.
+        """The completions of each request, in order: ``len(req.seeds)`` samples each.
 
-        Each chunk seeds torch's generator with its first sample's seed, so the results depend only on the seeds and
-        where chunks start (the runner slices problems at multiples of ``batch_size``). No top-k (``top_k=0``).
+        The requests' samples are generated together, in chunks of at most ``batch_size`` rows (the prompts
+        left-padded to the longest, with an attention mask): one ``generate`` call for the whole call the runner
+        planned (``plan_calls`` packs whole problems up to ``batch_size`` samples), where one call per problem paid
+        the model's per-step cost once per problem (64 problems x 4 samples of SmolLM2-135M: 5 min one problem at a
+        time). Each chunk seeds torch's generator with its first sample's seed, so the results depend only on the
+        seeds and how the runner groups samples into calls (deterministic given ``batch_size``). No top-k.
         """
         torch = self.torch
-        out = []
-        for req in requests:
-            ids = torch.tensor([req.prompt_ids], device=self.device)
-            max_new = self._max_new_tokens(len(req.prompt_ids))
-            done: list[Completion] = []
-            for start in range(0, len(req.seeds), self.batch_size):
-                chunk = len(req.seeds[start:start + self.batch_size])
-                torch.manual_seed(req.seeds[start])
-                with torch.no_grad():
-                    seqs = self.model.generate(
-                        ids.expand(chunk, -1), attention_mask=torch.ones(chunk, ids.shape[1], dtype=torch.long,
-                                                                         device=self.device),
-                        do_sample=True, temperature=self.sampling.temperature, top_p=self.sampling.top_p, top_k=0,
-                        max_new_tokens=max_new, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids))
-                for row in seqs[:, ids.shape[1]:].tolist():
-                    stop = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
-                    tokens = row if stop is None else row[:stop + 1]
-                    text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                    done.append(Completion(text, len(tokens), "length" if stop is None else "stop",
-                                           tokens[:self.head_tokens]))
-            out.append(done)
+        rows = [(r, req) for r, req in enumerate(requests) for _ in req.seeds]
+        seeds = [seed for req in requests for seed in req.seeds]
+        completions: list[Completion] = []
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start:start + self.batch_size]
+            prompts = [req.prompt_ids for _, req in chunk]
+            width = max(len(p) for p in prompts)
+            ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
+                                device=self.device)
+            max_new = min(self._max_new_tokens(len(p)) for p in prompts)
+            torch.manual_seed(seeds[start])
+            with torch.no_grad():
+                seqs = self.model.generate(
+                    ids, attention_mask=mask, do_sample=True, temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p, top_k=0, max_new_tokens=max_new, pad_token_id=self.pad_id,
+                    eos_token_id=sorted(self.eos_ids))
+            for row in seqs[:, width:].tolist():
+                stop = next((j for j, t in enumerate(row) if t in self.eos_ids), None)
+                tokens = row if stop is None else row[:stop + 1]
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                completions.append(Completion(text, len(tokens), "length" if stop is None else "stop",
+                                              tokens[:self.head_tokens]))
+        out: list[list[Completion]] = [[] for _ in requests]
+        for (r, _), completion in zip(rows, completions):
+            out[r].append(completion)
         return out
 
     def close(self) -> None:

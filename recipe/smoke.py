@@ -122,10 +122,12 @@ def shape_overrides(ranks: int = 1, nodes: int = 1) -> list[str]:
 
 
 def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
-                cluster=None, platform_env: dict = CPU_ENV) -> tuple[list[str], dict, Path, Path]:
+                cluster=None, platform_env: dict = CPU_ENV,
+                config_name: str = "smoke_cpu") -> tuple[list[str], dict, Path, Path]:
     """(command, environment, metrics file, log file) of one training run, as `train` starts it (with cwd ROOT).
     With `cluster` (a started gapo.local_cluster.LocalRayCluster) the command is launch/submit.sh against it.
-    `platform_env`: CPU_ENV (the CPU platform), or RUN_ENV on GPUs (recipe.gpu_check).
+    `platform_env`: CPU_ENV (the CPU platform), or RUN_ENV on GPUs (recipe.gpu_check). `config_name`: the experiment
+    (configs/<name>.yaml; recipe.learn runs learn_cpu).
     Also used by tests that start the run themselves (tests/test_kill_resume.py kills it)."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,7 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
     env = {**os.environ, **platform_env, "GAPO_SMOKE_DIR": str(out), "VERL_FILE_LOGGER_PATH": str(metrics_file)}
     args = [f"trainer.total_training_steps={total_steps}", *overrides]
     if cluster is None:
-        return [sys.executable, "-m", "recipe.main_gapo", "--config-name", "smoke_cpu", *args], env, metrics_file, \
+        return [sys.executable, "-m", "recipe.main_gapo", "--config-name", config_name, *args], env, metrics_file, \
             log_file
     # as on a real cluster: the job gets the CPU platform's variables (EXTRA_ENV) and this shell's GAPO_SMOKE_DIR and
     # VERL_FILE_LOGGER_PATH (submit.sh's pass-through); its driver is this environment's python
@@ -142,16 +144,17 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
                RAY=str(bin_dir / "ray"), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
                EXTRA_ENV=" ".join(f"{k}={v}" for k, v in platform_env.items()),
                JOB_ID=f"gapo-smoke-{run}-{os.getpid()}-{int(time.time())}")
-    return ["bash", str(ROOT / "launch" / "submit.sh"), "smoke_cpu", *args], env, metrics_file, log_file
+    return ["bash", str(ROOT / "launch" / "submit.sh"), config_name, *args], env, metrics_file, log_file
 
 
 def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S,
-          cluster=None, extra_env: dict | None = None, platform_env: dict = CPU_ENV) -> dict:
+          cluster=None, extra_env: dict | None = None, platform_env: dict = CPU_ENV,
+          config_name: str = "smoke_cpu") -> dict:
     """One supervised training run, in its own session and Ray temp dir (or submitted to `cluster`). Returns
     {"metrics_file", "wall_s", "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the
     log's tail (or the rollout server's error) on failure. The peak memory of a submitted run is that of submit.sh
     plus the peak of the whole cluster's processes (the job runs in the cluster's nodes, idle Ray included)."""
-    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides, cluster, platform_env)
+    cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides, cluster, platform_env, config_name)
     env.update(extra_env or {})
     # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
     ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")

@@ -141,3 +141,40 @@ def test_update_weights_changes_the_model_and_its_output(server):
 def test_update_weights_rejects_unknown_names(server):
     with pytest.raises(AssertionError, match="unexpected"):
         asyncio.run(server.update_weights({"not.a.weight": torch.zeros(1)}))
+
+
+def test_batched_requests_return_each_rows_own_tokens_and_log_probs(tmp_path):
+    """engine_kwargs.hf.max_batch_size > 1: concurrent requests of different prompt lengths are generated as one
+    left-padded batch; each answer's log-probs are those of its own unpadded sequence, and a row ends at its stop."""
+    path = build_tiny_model(tmp_path / "model")
+    config = RolloutConfig(name="hf", prompt_length=32, response_length=RESPONSE_LENGTH,
+                           engine_kwargs={"hf": {"max_batch_size": 8}})
+    batched = HFRolloutServer(config, HFModelConfig(path=str(path)))
+    assert batched.max_batch_size == 8
+    prompts = [PROMPT, PROMPT[:3], [2, 14, 15, 16, 17, 18, 19, 20, 3, 2], PROMPT[:5]]
+    params = {"top_p": 1.0, "top_k": -1, "logprobs": True, "temperature": 1.0, "max_tokens": RESPONSE_LENGTH}
+    calls = []
+    real = batched._generate_batch
+
+    def spy(prompt_list, sampling):
+        calls.append(len(prompt_list))
+        return real(prompt_list, sampling)
+
+    batched._generate_batch = spy
+
+    async def all_at_once():
+        return await asyncio.gather(*(batched.generate(prompt_ids=p, sampling_params=dict(params), request_id=str(i))
+                                      for i, p in enumerate(prompts)))
+
+    torch.manual_seed(0)
+    outs = asyncio.run(all_at_once())
+    assert calls == [len(prompts)]  # one generate call for the four requests
+    stop = set(batched.eos_token_ids)
+    for prompt, out in zip(prompts, outs):
+        assert 1 <= len(out.token_ids) <= RESPONSE_LENGTH and len(out.log_probs) == len(out.token_ids)
+        assert not stop & set(out.token_ids[:-1])  # nothing after a stop token
+        ref = _reference_log_probs(batched.model, prompt, out.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(out.log_probs), ref, atol=1e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        HFRolloutServer(RolloutConfig(name="hf", prompt_length=32, response_length=RESPONSE_LENGTH,
+                                      engine_kwargs={"hf": {"max_batch_size": 0}}), HFModelConfig(path=str(path)))

@@ -159,6 +159,10 @@ register_scorer(MATH_SOURCES, "gapo.rewards.math.answer:compute_score", keywords
 from gapo.smoke.task import DATA_SOURCE as _SMOKE, DIFFICULTY_BUCKETS as _BUCKETS, bucket_source  # noqa: E402 (light)
 
 register_scorer((_SMOKE, *map(bucket_source, _BUCKETS)), "gapo.smoke.task:compute_score")
+# the real-model arithmetic task of `make learn` (gapo.arithmetic), one source per difficulty bucket
+from gapo.arithmetic import BUCKETS as _ARITH_BUCKETS, bucket_source as _arith_source  # noqa: E402 (light)
+
+register_scorer(tuple(map(_arith_source, _ARITH_BUCKETS)), "gapo.arithmetic:compute_score")
 # Code: stdin/stdout and function-call tests run in a bubblewrap sandbox (gapo/rewards/sandbox/client.py); importing
 # gapo.rewards.code.score starts nothing (the sandbox executor starts on the first scored item).
 from gapo.rewards.code.score import CODE_SOURCES, RESULT_KEYS as CODE_RESULT_KEYS  # noqa: E402

@@ -108,9 +108,14 @@ _TOKEN = re.compile(r"\\(?:[A-Za-z]+|.)|\s+|.", re.DOTALL)
 # read as nothing between two values (math-verify deletes ``\$``: ``7 \$ 8`` reaches the grammar as ``7 8``)
 _SPACE_TOKENS = frozenset(("\\,", "\\;", "\\:", "\\ ", "\\$") + tuple("\\" + s for s in SPACING))
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?![\d.])"
-_NAME = re.compile(r"^\s*(?:[A-Za-z0-9]+|\\[A-Za-z]+)(?:\s*[A-Za-z0-9'])*\s*$")
+_NAME = re.compile(r"^\s*(?:[A-Za-z0-9]|\\[A-Za-z]+)(?:\s*[A-Za-z0-9'])*\s*$")  # one way to split a run
 _WORD = re.compile(r"^\(?[A-Za-z]+\)?$")  # a word, or a choice ``(C)`` (latex2sympy drops the parentheses)
-_UNIT_PHRASE = r"[A-Za-z]+(?:\s*(?:/|\^\{?\d\}?)?\s*[A-Za-z]*)*"
+# Words joined by spaces, slashes or exponents (``cm``, ``square units``, ``km/h``, ``m^2/s``). Every repeat is delimited
+# (a separator run needs a ``/`` or ``^`` in each of its steps, a word run starts with a letter), so a failing match
+# backtracks linearly: the former ``[A-Za-z]+(?:\s*(?:/|\^\{?\d\}?)?\s*[A-Za-z]*)*`` could split a run of letters
+# every way there is and never returned on prose after a number (tests/test_reward_regex_bounds.py).
+_UNIT_JOIN = r"(?:\s*(?:/|\^\{?\d\}?))"
+_UNIT_PHRASE = rf"[A-Za-z]+(?:(?:{_UNIT_JOIN}+\s*|\s+)[A-Za-z]+)*{_UNIT_JOIN}*"
 _TRAILING_UNIT_TEXT = re.compile(
     r"(?<=[\d}\s])\s*\\(?:text|mbox|mathrm|textnormal|textrm)\s*\{\s*(" + _UNIT_PHRASE + r")\s*\}"
     r"(?:\s*\^\s*(?:\{\s*\d\s*\}|\d))?\s*$")
