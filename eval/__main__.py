@@ -45,6 +45,7 @@ from pathlib import Path
 
 from eval.checkpoint import checkpoint_folders, is_hub_id, missing_path_message
 from gapo.entrance import DEFAULT_ENTRANCE_TOKENS  # pure python, as this process may only supervise
+from gapo.model_path import hub_unreachable_reason
 
 SUBCOMMANDS = ("report", "plot", "aggregate")
 STEP_PREFIX = "global_step_"
@@ -294,8 +295,12 @@ def run_eval(argv) -> int:
             sys.exit(f"error: {err}")
     if args.limit is not None and args.limit < 1:
         sys.exit("error: --limit must be >= 1")
-    if args.model is not None and not Path(args.model).expanduser().exists() and not is_hub_id(args.model):
-        sys.exit(f"error: --model: {missing_path_message(args.model)}")  # before any folder is made or model loaded
+    if args.model is not None and not Path(args.model).expanduser().exists():
+        if not is_hub_id(args.model):
+            sys.exit(f"error: --model: {missing_path_message(args.model)}")  # before any folder is made or model loaded
+        unreachable = hub_unreachable_reason(args.model)  # seconds, not transformers' ~50 s of retries
+        if unreachable:
+            sys.exit(f"error: --model: {unreachable}")
     if not os.environ.get(CHILD_ENV) and _needs_supervision(args):
         return run_supervised([sys.executable, "-m", "eval", *argv], args.timeout)
     if checkpoints is not None:

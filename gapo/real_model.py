@@ -23,6 +23,7 @@ a half-written one is replaced (the folder is written beside and renamed into pl
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import shutil
 import subprocess
@@ -117,10 +118,18 @@ def _fix_end_of_turn(model, tokenizer) -> int:
 
 
 def prepare(out: Path = DEFAULT_DIR, source: str = "auto", log=print) -> Path:
-    """The prepared model folder ``out`` (see the module docstring); raises :class:`PrepareError`."""
+    """The prepared model folder ``out`` (see the module docstring); raises :class:`PrepareError`. Processes that
+    prepare the same folder at once take turns (a lock file beside it): the first prepares, the others reuse it."""
     if source not in SOURCES:
         raise PrepareError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare_locked(out, source, log)
+
+
+def _prepare_locked(out: Path, source: str, log) -> Path:
     if is_prepared(out):
         log(f"[real-model] {out} is prepared ({json.loads((out / STAMP).read_text()).get('source')}); reused")
         return out

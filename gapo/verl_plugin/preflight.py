@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 
 from omegaconf import DictConfig, ListConfig
 
-from gapo.model_path import HUB_ID, is_hub_id
+from gapo.model_path import HUB_ID, hub_unreachable_reason, is_hub_id
 
 SKIP_ENV = "GAPO_SKIP_PREFLIGHT"
 CHECKS = ("data", "model", "checkpoint", "packages", "gpu")
@@ -207,7 +207,8 @@ def check_data_files(config: DictConfig) -> list[str]:
 # ----------------------------------------------------------------------------------------------- model
 def check_model_path(config: DictConfig) -> list[str]:
     """Problems of ``actor_rollout_ref.model.path`` (and ``.tokenizer_path`` when set): a local path must be a
-    folder with config.json; a hub id ``org/name`` passes (the hub may be reachable from the cluster)."""
+    folder with config.json; a hub id ``org/name`` passes if it is in the local HF cache or the hub answers from the
+    driver (``gapo.model_path.hub_unreachable_reason``: a TCP connect of at most 3 s), else it is named with the fix."""
     model = config.actor_rollout_ref.model
     problems = []
     for field, need_config in (("path", True), ("tokenizer_path", False)):
@@ -230,7 +231,11 @@ def check_model_path(config: DictConfig) -> list[str]:
                 problems.append(f"{key}={path!r} has no config.json: not a Hugging Face model folder; {fix}")
             continue
         if is_hub_id(path):  # org/name whose org is no local folder (gapo.model_path, as python -m eval)
-            _note(f"{key}={path!r}: no such local folder, taken as a hub id (downloaded where the workers run)")
+            unreachable = hub_unreachable_reason(path)  # seconds at most, where the download retried for ~50 s
+            if unreachable:
+                problems.append(f"{key}: {unreachable}")
+            else:
+                _note(f"{key}={path!r}: no such local folder, taken as a hub id (the hub answers from here)")
             continue
         where = "" if os.path.isabs(local) else f" (relative to {os.getcwd()})"
         first = path.split("/", 1)[0]
