@@ -184,7 +184,8 @@ test test-vllm test-trl test-fast: export RAY_worker_niceness := 0
 # the modules that read the session's trainer runs (tests/conftest.py's smoke_run and lost_node; over half of the default
 # suite's CPU time): their own stream in make test, so that the unit tests run beside them
 E2E_TESTS := tests/test_trainer_e2e.py tests/test_cluster_e2e.py tests/test_kill_resume.py tests/test_plot_run.py \
-	tests/test_eval_cli.py tests/test_eval_smoke.py tests/test_cluster_nodes.py tests/test_launch.py tests/test_vigor_e2e.py
+	tests/test_eval_cli.py tests/test_eval_smoke.py tests/test_cluster_nodes.py tests/test_launch.py tests/test_vigor_e2e.py \
+	tests/test_real_model_e2e.py
 
 test: system-deps
 	@echo "tests/vllm, tests/trl_integration and the end-to-end modules run beside the default suite (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"

@@ -144,6 +144,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def main(argv=None) -> None:
+    """CLI entry: write the task's parquet files under --out and print their paths."""
     parser = argparse.ArgumentParser(prog="python -m gapo.arithmetic", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for train/heldout/transfer.parquet")
     parser.add_argument("--n-train", type=int, default=256)

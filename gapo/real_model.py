@@ -176,6 +176,7 @@ def _prepare_locked(out: Path, source: str, log) -> Path:
 
 
 def main(argv=None) -> None:
+    """CLI entry: prepare the model into --out (exits with the error naming both routes when neither works)."""
     parser = argparse.ArgumentParser(prog="python -m gapo.real_model", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_DIR, help=f"model folder (default {DEFAULT_DIR})")
     parser.add_argument("--source", choices=SOURCES, default="auto",

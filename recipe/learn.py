@@ -163,6 +163,7 @@ def rise_interval(before: dict, after: dict) -> dict:
 
 
 def reward_of(metrics: dict) -> float:
+    """A step's mean training reward: verl's critic/score/mean, TRL's reward."""
     for key in ("critic/score/mean", "reward", "rewards/mean"):
         if key in metrics:
             return float(metrics[key])
@@ -170,6 +171,7 @@ def reward_of(metrics: dict) -> float:
 
 
 def table_lines(before: dict, after: dict, transfer: dict | None, rise: dict) -> list[str]:
+    """The printed table: pass@1 per bucket before, after and on the transfer prompts, then the rise's interval."""
     names = ["overall", *[b for b in BUCKETS if b in before]]
     lines = ["| held-out pass@1 | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for label, row in (("before", before), ("after", after), ("transfer (after)", transfer)):
@@ -220,6 +222,7 @@ def run_learn(out: Path, steps: int = DEFAULT_STEPS, engine: str = "verl", rollo
 
 
 def main(argv=None) -> None:
+    """CLI entry: the learning run; prints the tables, exits with the failing stage's message."""
     parser = argparse.ArgumentParser(prog="python -m recipe.learn", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/learn"), help="folder (its checkpoints are wiped)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)

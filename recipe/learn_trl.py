@@ -24,13 +24,10 @@ LEARN_SETTINGS = dict(per_device_train_batch_size=16, num_generations=8, steps_p
                       gapo={"eps_high_max": 5e-3}, beta=0.0)
 
 
-def completion_text(completion) -> str:
-    return completion[0]["content"] if isinstance(completion, list) else completion
-
-
 def task_reward(prompts, completions, data_source, ground_truth, extra_info, **kwargs) -> list[float]:
     """TRL reward function: the training reward of each completion (gapo.rewards.compute_score)."""
     from gapo.rewards import compute_score
+    from recipe.trl_smoke import completion_text
 
     return [float(compute_score(s, completion_text(c), g, e)["score"])
             for c, s, g, e in zip(completions, data_source, ground_truth, extra_info)]
@@ -48,6 +45,7 @@ def train_rows(train_file: Path) -> list[dict]:
 
 
 def main(argv=None) -> None:
+    """CLI entry: train, then save the model and tokenizer to OUT/model."""
     parser = argparse.ArgumentParser(prog="python -m recipe.learn_trl", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", type=Path, required=True, help="the prepared model folder (gapo.real_model)")
