@@ -29,7 +29,7 @@
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss, time and aten ops per call; the exploration
 #                  instruments' driver-side ms per step at the paper's scale; math reward vs verl's scorers; sandbox overhead; code-reward parsing per KB and a hostile batch; peak memory preparing LCB
-#                  rows of 60 MB tests)
+#                  rows of 60 MB tests; the real model's step, GAPO vs GSPO in verl and verl vs TRL, ~10 min)
 #   make bench-rollout  HF vs vLLM rollout on the same CPU smoke run (wall, step, gen, weight sync, peak memory)
 #   make table     print GAPO's threshold table; K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE, each left unset, are the training
 #                  config's (configs/base/gapo.yaml, GAPOConfig), as its first line shows
@@ -248,13 +248,14 @@ learn: $(if $(filter vllm,$(ROLLOUT)),install-vllm,install) $(if $(filter trl,$(
 	$(if $(filter vllm,$(ROLLOUT)),$(VLLM_PY),$(PY)) -m recipe.learn --out $(LEARN_DIR) --engine $(ENGINE) \
 	  --rollout $(ROLLOUT) --model-dir $(REAL_MODEL_DIR) $(LEARN_ARGS)
 
-bench: install
+bench: install install-trl
 	KINETO_LOG_LEVEL=5 $(PY) -m recipe.bench.loss --max-ratio-diag 1.15 --max-ratio-nodiag 1.05 --max-op-ratio-diag 1.3
 	$(PY) -m recipe.bench.exploration --max-ms 50
 	$(PY) -m recipe.bench.math_reward
 	$(PY) -m recipe.bench.sandbox
 	$(PY) -m recipe.bench.code_parse --max-growth 3 --hostile
 	$(PY) -m recipe.bench.code_prepare --max-peak-mb 1536
+	$(PY) -m recipe.bench.real_step
 
 # HF vs vLLM rollout on the same smoke run, at the CPU presets' poll interval and at verl's 2.0 s (about 10 min)
 bench-rollout: install install-vllm

@@ -8,13 +8,16 @@ eps_high_max 5e-3, lr 1e-5, 4 prompts x 8 completions per generation feeding 2 o
 off-policy), 16 new tokens, temperature 1, no std normalisation; the reward is the training reward
 (``gapo.rewards.compute_score`` on each row's data_source, ground truth and extra_info). KEY=VALUE: as in
 ``recipe.trl_smoke`` (TRL's GRPOConfig fields, ``gapo.<key>``, ``exploration.<key>``). Writes DIR/logs/metrics.jsonl
-(verl's file-logger format) and the trained model to DIR/model.
+(verl's file-logger format), DIR/timing.json (each optimizer step's end, seconds since training began; `make bench`
+reads it) and the trained model to DIR/model.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import time
 from pathlib import Path
 
 LEARN_SETTINGS = dict(per_device_train_batch_size=16, num_generations=8, steps_per_generation=2,
@@ -31,6 +34,23 @@ def task_reward(prompts, completions, data_source, ground_truth, extra_info, **k
 
     return [float(compute_score(s, completion_text(c), g, e)["score"])
             for c, s, g, e in zip(completions, data_source, ground_truth, extra_info)]
+
+
+def step_clock():
+    """A TrainerCallback recording, at each optimizer step's end, the seconds since training began (``ends``)."""
+    from transformers import TrainerCallback
+
+    class _StepClock(TrainerCallback):
+        def __init__(self):
+            self.start, self.ends = time.monotonic(), []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.start = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(round(time.monotonic() - self.start, 3))
+
+    return _StepClock()
 
 
 def train_rows(train_file: Path) -> list[dict]:
@@ -72,11 +92,13 @@ def main(argv=None) -> None:
         settings["gapo"] = {**LEARN_SETTINGS["gapo"], **overrides["gapo"]}
     config = GAPOTRLConfig(output_dir=str(args.out / "trainer"), max_steps=args.steps, **settings)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    clock = step_clock()
     trainer = GAPOGRPOTrainer(model=str(args.model), reward_funcs=task_reward, args=config,
                               train_dataset=Dataset.from_list(train_rows(args.train_file)),
                               processing_class=tokenizer,
-                              callbacks=[MetricsFileCallback(args.out / "logs" / "metrics.jsonl")])
+                              callbacks=[MetricsFileCallback(args.out / "logs" / "metrics.jsonl"), clock])
     trainer.train()
+    (args.out / "timing.json").write_text(json.dumps({"step_end_s": clock.ends}))
     trainer.save_model(str(args.out / "model"))
     tokenizer.save_pretrained(str(args.out / "model"))
     print(f"[learn-trl] {args.steps} steps; model: {args.out / 'model'}")
