@@ -24,6 +24,7 @@ def test_one_trl_step_of_the_real_model(real_model, tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "trl" / "logs" / "metrics.jsonl").read_text().splitlines()]
     step = next(r["data"] for r in rows if "loss" in r["data"])
     assert 0.0 <= step["reward"] <= 1.0 and step["completions/mean_length"] > 1
-    assert "gapo/loss_eps_high_mean" in step or "gapo/eps_high/mean" in step
+    # GAPO's diagnostics ran in the loss (a step's batch may hold no mixed group, so no threshold is asserted)
+    assert "gapo/is_adv_corr_levels" in step and any(k.startswith("gapo/explore/") for k in step)
     saved = tmp_path / "trl" / "model"
     assert (saved / "config.json").is_file() and (saved / "tokenizer.json").is_file()
