@@ -33,5 +33,6 @@ def test_one_verl_step_of_the_real_model(one_step):
     assert 0 < m["training/rollout_probs_diff_max"] < MAX_ROLLOUT_PROBS_DIFF  # real sums round differently
     assert 0.0 <= m["critic/score/mean"] <= 1.0
     assert m["response_length/mean"] > 1  # the real model wrote text, which the arithmetic reward scored
-    assert "gapo/loss_eps_high_mean" in m and "gapo/explore/entrance_distinct" in m  # GAPO's loss and instruments
+    # GAPO's group statistics and instruments (a batch of 2 x 4 may hold no success, so no threshold is asserted)
+    assert "gapo/groups/mixed_frac" in m and "gapo/explore/entrance_distinct" in m
     assert m["timing_s/update_actor"] > 0 and m["timing_s/gen"] > 0
