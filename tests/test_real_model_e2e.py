@@ -1,7 +1,8 @@
 """One verl step with the real pretrained model (CI's reduced check of `make learn`, docs/learn.md): SmolLM2-135M-
 Instruct through verl's trainer on the CPU platform with the learning preset (configs/learn_cpu.yaml, GAPO at
 sequence level, the batched hf rollout, packed sequences), rewards computed on the real model's own outputs.
-A smaller batch than `make learn` (2 prompts x 4, 2 mini-batches) and no checkpoint: ~2 min on 2 cores."""
+A smaller batch than `make learn` (1 prompt x 2 rollouts of 8 tokens) and no checkpoint: mostly the trainer's
+start-up, ~2 min on 2 cores."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ def one_step(real_model, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("learn")
     write_splits(out / "data", seed=0, n_train=16, n_heldout_per_bucket=1, n_transfer_per_bucket=0)
-    small = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-             "trainer.save_freq=-1"]
+    small = ["data.train_batch_size=1", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+             "data.max_response_length=8", "trainer.save_freq=-1"]
     metrics, _ = train_verl(out, real_model, 1, small, "hf", timeout_s=900)
     return metrics
 
