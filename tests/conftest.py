@@ -119,3 +119,13 @@ def real_model() -> Path:
     from gapo.real_model import DEFAULT_DIR, prepare
 
     return prepare(ROOT / DEFAULT_DIR, log=lambda *a: print(*a, file=sys.stderr))
+
+
+@pytest.fixture(scope="module")
+def roomy_math_pool():
+    """The shared math pool with room for a loaded machine for a whole module (``tests.math_pool_room``); a module
+    whose items are all legitimate uses it with ``pytestmark = pytest.mark.usefixtures("roomy_math_pool")``."""
+    from tests.math_pool_room import roomy_shared_pool
+
+    with roomy_shared_pool():
+        yield

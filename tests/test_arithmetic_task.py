@@ -9,6 +9,7 @@ from gapo.arithmetic import BUCKETS, HARD_BUCKET, PROMPT, bucket_source, final_a
 from gapo.rewards import compute_score, is_known_data_source
 
 PROBLEM = PROMPT.format(a=7, op="+", b=8)
+pytestmark = pytest.mark.usefixtures("roomy_math_pool")  # the verdicts below, not a loaded machine (math_pool_room)
 
 
 def _pair(row):
@@ -27,7 +28,7 @@ def test_heldout_and_transfer_prompts_never_appear_in_training():
     assert counts == {b: 64 for b in BUCKETS}
     # the gold is the value, and subtraction never goes below 0
     for row in splits["train"] + splits["heldout"]:
-        source, a, op, b = _pair(row)
+        _source, a, op, b = _pair(row)
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         assert row["reward_model"]["ground_truth"] == str(value) and value >= 0
         assert row["prompt"] == [{"role": "user", "content": row["extra_info"]["problem"]}]

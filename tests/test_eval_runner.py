@@ -22,15 +22,12 @@ def roomy_reward(monkeypatch):
     legitimate item in CI), built for the test and closed after it, and HumanEval with 10 s a recorded call instead
     of its protocol's 1 s (HumanEval/73's canonical solution timed out at 1 s in CI)."""
     import gapo.rewards
-    from gapo.rewards.math import verify_pool
+    from tests.math_pool_room import roomy_shared_pool
 
-    monkeypatch.setenv("GAPO_MATH_SOFT_TIMEOUT_S", "60")
-    monkeypatch.setenv("GAPO_MATH_HARD_TIMEOUT_S", "120")
-    verify_pool.shutdown_pool()  # one built earlier, with other limits
     monkeypatch.setattr(gapo.rewards, "compute_score_batch", functools.partial(
         gapo.rewards.compute_score_batch, source_protocol={"humaneval": {"test_timeout_s": 10.0}}))
-    yield
-    verify_pool.shutdown_pool()
+    with roomy_shared_pool():
+        yield
 
 
 class ScriptedBackend:

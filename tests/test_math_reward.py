@@ -33,6 +33,7 @@ from gapo.rewards.math.answer import (
 )
 from gapo.rewards.math.cases import ADVERSARIAL, CASES
 from gapo.rewards.math.verify_pool import HOOK_PREFIX, PoolBroken, VerifyPool
+from tests.math_pool_room import ROOMY
 
 # Every adversarial answer must come back within this many seconds of submission. A bound, not a speed target: what
 # it tells apart is "stopped by the pool" (the default hard timeout, 6 s from dispatch, after the start of the pool's
@@ -40,12 +41,8 @@ from gapo.rewards.math.verify_pool import HOOK_PREFIX, PoolBroken, VerifyPool
 # stopped" (an unguarded factorial of a million runs for hours). 180 s is 12x that loaded time, so no load uses it up
 # (CI at 814ab06, trainings beside this test on 2 cores: factorial_of_power took 12.9 s, against a 30 s bound then).
 ADVERSARIAL_BOUND_S = 180.0
-# Legitimate items are graded with room: a soft timeout of 60 s (the pool's default is 3 s), which a busy machine
-# cannot use up on an item that needs milliseconds to a second of CPU (CI saw the default 3 s fire under load on
-# polynomial_factored and solved_radical_bounds). Only the tests of the timeout paths use short limits, and the items
-# they expect to time out are slow by construction (a factorial of a million, a worker that blocks its alarm).
-ROOMY_SOFT_S, ROOMY_HARD_S = 60.0, 120.0
-ROOMY = {"soft_timeout_s": ROOMY_SOFT_S, "hard_timeout_s": ROOMY_HARD_S}
+
+pytestmark = pytest.mark.usefixtures("roomy_math_pool")  # legitimate items graded with room (tests.math_pool_room)
 
 
 def _alive(pid: int) -> bool:
@@ -55,19 +52,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-@pytest.fixture(scope="module", autouse=True)
-def roomy_shared_pool():
-    """The shared pool (``get_pool``, what ``compute_score`` grades with) is built with room for this module's
-    tests through its environment variables, and closed after them (the next module's first item builds one with
-    the defaults again)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GAPO_MATH_SOFT_TIMEOUT_S", str(ROOMY_SOFT_S))
-        mp.setenv("GAPO_MATH_HARD_TIMEOUT_S", str(ROOMY_HARD_S))
-        verify_pool.shutdown_pool()  # one built earlier, with other limits
-        yield
-        verify_pool.shutdown_pool()
 
 
 @pytest.fixture(scope="module")

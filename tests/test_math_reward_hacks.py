@@ -23,7 +23,6 @@ import sys
 import pytest
 
 from gapo.rewards import RESULT_DEFAULTS, compute_score, compute_score_batch
-from gapo.rewards.math import verify_pool
 from gapo.rewards.math.answer import (
     FORMAT_REASONS,
     REASONS,
@@ -47,23 +46,11 @@ from gapo.rewards.math.latex import (
     unicode_operators,
 )
 from gapo.rewards.math.verify_pool import PoolBroken, VerifyPool
+from tests.math_pool_room import ROOMY
 
 KEYS = {"score", "acc", "pred", "format_error", "timeout", "reason"}
-# Every item here is legitimate (none is built to time out): graded with a soft timeout of 60 s, not the pool's
-# default 3 s, which a busy machine can use up on an item needing a second of CPU (CI: solved_radical_bounds).
-ROOMY = {"soft_timeout_s": 60.0, "hard_timeout_s": 120.0}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def roomy_shared_pool():
-    """The shared pool (``get_pool``: ``compute_score`` without a pool) with the same room, through its environment
-    variables; closed after this module, so the next one builds it with the defaults again."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GAPO_MATH_SOFT_TIMEOUT_S", str(ROOMY["soft_timeout_s"]))
-        mp.setenv("GAPO_MATH_HARD_TIMEOUT_S", str(ROOMY["hard_timeout_s"]))
-        verify_pool.shutdown_pool()  # one built earlier, with other limits
-        yield
-        verify_pool.shutdown_pool()
+# Every item here is legitimate (none is built to time out): graded with room (tests.math_pool_room).
+pytestmark = pytest.mark.usefixtures("roomy_math_pool")
 
 
 @pytest.fixture(scope="module")
