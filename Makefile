@@ -29,7 +29,8 @@
 #   make install-vllm  create .venv-vllm: vLLM's CPU build 0.24.0 on torch 2.11.0, verl, this project (CPU tests)
 #   make bench     benchmarks (GAPO loss vs verl's gspo loss, time and aten ops per call; the exploration
 #                  instruments' driver-side ms per step at the paper's scale; math reward vs verl's scorers; sandbox overhead; code-reward parsing per KB and a hostile batch; peak memory preparing LCB
-#                  rows of 60 MB tests; the real model's step, GAPO vs GSPO in verl and verl vs TRL, ~10 min)
+#                  rows of 60 MB tests; the real model's step, GAPO vs GSPO in verl and verl vs TRL, ~10 min; bf16 autocast's
+#                  rounding of the ratio against one update's movement, tiny and real model)
 #   make bench-rollout  HF vs vLLM rollout on the same CPU smoke run (wall, step, gen, weight sync, peak memory)
 #   make table     print GAPO's threshold table; K, EPS_LOW, EPS_HIGH_MAX, SCHEDULE, each left unset, are the training
 #                  config's (configs/base/gapo.yaml, GAPOConfig), as its first line shows
@@ -256,6 +257,7 @@ bench: install install-trl
 	$(PY) -m recipe.bench.code_parse --max-growth 3 --hostile
 	$(PY) -m recipe.bench.code_prepare --max-peak-mb 1536
 	$(PY) -m recipe.bench.real_step
+	$(PY) -m recipe.bench.precision
 
 # HF vs vLLM rollout on the same smoke run, at the CPU presets' poll interval and at verl's 2.0 s (about 10 min)
 bench-rollout: install install-vllm

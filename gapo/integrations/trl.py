@@ -159,6 +159,16 @@ def resolve_trl_clips(args: GRPOConfig, settings: GAPOConfig) -> tuple[float, fl
     return float(eps_low), float(eps_high_max)
 
 
+def on_cpu(args) -> bool:
+    """True when TRL's arguments train on CPU: `use_cpu`, or no CUDA, XPU or MPS device to train on."""
+    if getattr(args, "use_cpu", False):
+        return True
+    xpu = getattr(torch, "xpu", None)
+    mps = getattr(torch.backends, "mps", None)
+    return not (torch.cuda.is_available() or (xpu is not None and xpu.is_available())
+                or (mps is not None and mps.is_available()))
+
+
 @dataclass
 class GAPOTRLConfig(GRPOConfig):
     """TRL's `GRPOConfig` plus `gapo`: GAPO's settings (`gapo.GAPOConfig`, the one source of their defaults), and
@@ -175,6 +185,11 @@ class GAPOTRLConfig(GRPOConfig):
             its defaults. Held as an ExplorationConfig after construction. The knobs: `entrance_tokens` (m, a first
             move's length), `entrance_until_newline`, `coverage_window` (W, in generation batches),
             `coverage_threshold` (a prompt is covered when its c / k is above it).
+
+    Precision: TRL resolves an unset `bf16` to True (bf16 autocast). On CPU (`use_cpu`, or no CUDA device) an unset
+    `bf16` is False here instead: CPU autocast runs every matmul in bf16, through a scalar GEMM on CPUs without native
+    bf16 (SmolLM2-135M, 2 cores: 78-113 s an optimizer step of 16 completions against 13-25 s in float32), and rounds
+    the logits to bf16, whose spacing near 1 (0.0078) is coarser than clips of 3e-3. An explicit `bf16=True` is kept.
 
     Validated at construction: `num_generations` >= 2 and `steps_per_generation` >= 1 (before TRL's checks divide by
     them), `loss_type` must be one of TRL's clipped losses (CLIP_LOSS_TYPES), eps_high_max >=
@@ -204,6 +219,8 @@ class GAPOTRLConfig(GRPOConfig):
         if self.steps_per_generation is not None and self.steps_per_generation < 1:
             raise ValueError(f"steps_per_generation must be >= 1 (or null: gradient_accumulation_steps), got "
                              f"{self.steps_per_generation}")
+        if self.bf16 is None and not self.fp16 and on_cpu(self):
+            self.bf16 = False  # TRL's default autocast is slow and coarse on CPU (class docstring)
         super().__post_init__()
         self.gapo = gapo_settings(self.gapo)
         self.exploration = exploration_settings(self.exploration)
@@ -366,6 +383,8 @@ class GAPOGRPOTrainer(GRPOTrainer):
         """Warn when the log-probs' dtype cannot resolve the clips (bf16's spacing near 1 is 0.0078)."""
         head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
         dtype = head.weight.dtype if head is not None else next(self.model.parameters()).dtype
+        if self.args.bf16 or self.args.fp16:  # autocast: the LM head's tiles are computed in its dtype
+            dtype = torch.bfloat16 if self.args.bf16 else torch.float16
         if self.args.cast_lm_head_to_fp32 or dtype == torch.float32 or not dtype.is_floating_point:
             return
         eps_low, eps_high_max = self.gapo_clips
@@ -376,7 +395,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
             warnings.warn(
                 f"the LM head computes log-probs in {dtype} (spacing {spacing:g} near 1), coarser than GAPO's clips "
                 f"(epsilon={eps_low:g}, eps_high_max={eps_high_max:g}): set cast_lm_head_to_fp32=True, or train in "
-                "float32", UserWarning, stacklevel=3,
+                "float32 (a float32 model and bf16=False)", UserWarning, stacklevel=3,
             )
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

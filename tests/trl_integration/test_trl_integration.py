@@ -3,6 +3,7 @@ tensors, each completion's (c, k, success) through TRL's shuffle and split, the 
 metrics recounted from the generations and the loss's entropies (training at world size 2, and evaluation), the errors
 and warnings of a misconfigured run, the import without verl, and a real training run of the smoke task's tiny model."""
 
+import argparse
 import json
 import math
 import os
@@ -377,6 +378,28 @@ def test_bf16_log_probs_and_small_clips_warn(tiny_model, tmp_path):
         make_trainer(tiny_model, trl_args(tmp_path, cast_lm_head_to_fp32=True, **args), model=bf16_model())
         # clips of 0.2 / 0.28 are coarser than bf16's spacing: no warning
         make_trainer(tiny_model, trl_args(tmp_path), model=bf16_model())
+
+
+def test_cpu_training_runs_in_float32_unless_bf16_is_asked_for(tiny_model, tmp_path, monkeypatch):
+    import gapo.integrations.trl as integration
+
+    assert trl_args(tmp_path).bf16 is False  # TRL alone resolves an unset bf16 to True, on CPU too
+    assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=4,
+                      per_device_train_batch_size=4).bf16 is True  # (what the default replaces)
+    asked = trl_args(tmp_path, bf16=True, epsilon=3e-3, epsilon_high=None, gapo=GAPOConfig(eps_high_max=5e-3),
+                     importance_sampling_level="sequence", loss_type="grpo")
+    assert asked.bf16 is True
+    # a float32 model under bf16 autocast computes its LM head's tiles in bf16: too coarse for clips of 3e-3
+    with pytest.warns(UserWarning, match="bfloat16.*bf16=False"):
+        make_trainer(tiny_model, asked)
+    assert integration.on_cpu(argparse.Namespace(use_cpu=True))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not integration.on_cpu(argparse.Namespace(use_cpu=False))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if getattr(torch, "xpu", None) is not None:
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert integration.on_cpu(argparse.Namespace(use_cpu=False))
 
 
 def test_imports_without_verl():
