@@ -55,7 +55,8 @@ def main(argv=None) -> None:
     from gapo.smoke.tiny_model import build_tiny_model
 
     parser = argparse.ArgumentParser(prog="python -m recipe.bench.precision", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_DIR, help="the prepared real model (python -m gapo.real_model)")
+    parser.add_argument("--model", type=Path, default=DEFAULT_DIR,
+                        help="the prepared real model (python -m gapo.real_model)")
     parser.add_argument("--rows", type=int, default=32)
     args = parser.parse_args(argv)
     if args.rows < 2:
@@ -64,7 +65,8 @@ def main(argv=None) -> None:
         parser.error(f"--model {args.model} is not a prepared model folder; run `python -m gapo.real_model --out "
                      f"{args.model}` (or `make real-model`) first")
     with tempfile.TemporaryDirectory() as tmp:
-        models = [("tiny random Qwen2", build_tiny_model(Path(tmp) / "tiny"), 3e-3), (args.model.name, args.model, 1e-5)]
+        models = [("tiny random Qwen2", build_tiny_model(Path(tmp) / "tiny"), 3e-3),
+                  (args.model.name, args.model, 1e-5)]
         print("| model | lr | median abs(r32 - 1) | median abs(r16 - r32) | p90 abs(r16 - r32) |")
         print("| --- | --- | --- | --- | --- |")
         for name, path, lr in models:
