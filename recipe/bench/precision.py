@@ -51,6 +51,7 @@ def ratio_errors(path: Path, lr: float, rows: int, seed: int = 0) -> dict:
 
 
 def main(argv=None) -> None:
+    """CLI entry: the table of the module docstring for the tiny model and the prepared real model."""
     from gapo.real_model import DEFAULT_DIR, is_prepared
     from gapo.smoke.tiny_model import build_tiny_model
 
