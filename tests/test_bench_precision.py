@@ -29,5 +29,6 @@ def test_an_unprepared_model_folder_is_refused_with_the_command_that_prepares_it
         precision.main(["--model", str(tmp_path / "nothere")])
     assert stop.value.code == 2
     assert "python -m gapo.real_model --out" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stop:
         precision.main(["--rows", "1"])
+    assert stop.value.code == 2 and "--rows must be >= 2, got 1" in capsys.readouterr().err

@@ -186,9 +186,10 @@ class GAPOTRLConfig(GRPOConfig):
             move's length), `entrance_until_newline`, `coverage_window` (W, in generation batches),
             `coverage_threshold` (a prompt is covered when its c / k is above it).
 
-    Precision: TRL resolves an unset `bf16` to True (bf16 autocast). On CPU (`use_cpu`, or no CUDA device) an unset
-    `bf16` is False here instead: CPU autocast runs every matmul in bf16, through a scalar GEMM on CPUs without native
-    bf16 (SmolLM2-135M, 2 cores: 78-113 s an optimizer step of 16 completions against 13-25 s in float32), and rounds
+    Precision: TRL resolves an unset `bf16` to True (bf16 autocast). On CPU (`on_cpu`: `use_cpu`, or no CUDA, XPU or
+    MPS device) an unset `bf16` is False here instead: CPU autocast runs every matmul in bf16, through a scalar GEMM on
+    CPUs without native bf16 (SmolLM2-135M, 2 cores: 78-113 s an optimizer step of 8 completions in bf16; 12.6-24.7 s
+    a step of 16 in float32), and rounds
     the logits to bf16, whose spacing near 1 (0.0078) is coarser than clips of 3e-3. An explicit `bf16=True` is kept.
 
     Validated at construction: `num_generations` >= 2 and `steps_per_generation` >= 1 (before TRL's checks divide by
