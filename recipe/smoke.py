@@ -147,35 +147,58 @@ def run_command(out: Path, run: str, total_steps: int, overrides: list[str],
     return ["bash", str(ROOT / "launch" / "submit.sh"), config_name, *args], env, metrics_file, log_file
 
 
+# Ray's own words when its local node does not register with its GCS within Ray's fixed 30 s (ray/_private/node.py,
+# not configurable): on a loaded machine (make test's four streams on 2 cores) one GCS call can take longer than that.
+# Nothing of the run has started then, so train() starts it again, up to RAY_START_ATTEMPTS times in all.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3
+
+
+def ray_start_timed_out(log_text: str) -> bool:
+    """Whether a failed run's log shows Ray's local node timing out at start (RAY_START_TIMEOUT): ray.init, the
+    driver's first act after its config checks, failed, so no step ran."""
+    return RAY_START_TIMEOUT in log_text
+
+
 def train(out: Path, run: str, total_steps: int, overrides: list[str], timeout_s: float = RUN_TIMEOUT_S,
           cluster=None, extra_env: dict | None = None, platform_env: dict = CPU_ENV,
           config_name: str = "smoke_cpu") -> dict:
     """One supervised training run, in its own session and Ray temp dir (or submitted to `cluster`). Returns
     {"metrics_file", "wall_s", "peak_pss_bytes", "session", "marker", "ray_tmp"}. Raises SmokeCheckError with the
     log's tail (or the rollout server's error) on failure. The peak memory of a submitted run is that of submit.sh
-    plus the peak of the whole cluster's processes (the job runs in the cluster's nodes, idle Ray included)."""
+    plus the peak of the whole cluster's processes (the job runs in the cluster's nodes, idle Ray included).
+    A run whose Ray node timed out at start (ray_start_timed_out) is started again, up to RAY_START_ATTEMPTS in all;
+    each failed attempt's log is kept as LOG.attemptN."""
     cmd, env, metrics_file, log_file = run_command(out, run, total_steps, overrides, cluster, platform_env, config_name)
     env.update(extra_env or {})
-    # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
-    ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
     if cluster is None:
-        cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
         env = {k: v for k, v in env.items() if not k.startswith("RAY_ADDRESS")}
-    print(f"[smoke] {run}: {' '.join(cmd[1:])}\n[smoke] log: {log_file}", flush=True)
-    supervised = SupervisedRun(cmd, env, log_file, cwd=ROOT, timeout_s=timeout_s)
-    try:
-        with (cluster.peak_memory() if cluster is not None else contextlib.nullcontext({})) as cluster_memory:
-            result = supervised.wait()
-    except SupervisedRunError as err:
-        raise SmokeCheckError(f"{run} failed: {err}") from None
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    result.peak_pss_bytes += cluster_memory.get("peak_pss_bytes", 0)  # a submitted run's processes are the cluster's
-    print(f"[smoke] {run}: exit {result.returncode} after {result.wall_s:.0f} s, peak memory of its processes "
-          f"{result.peak_pss_bytes / 2**30:.1f} GiB", flush=True)
-    if result.returncode != 0:
-        tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise SmokeCheckError(f"{run} failed (exit {result.returncode}); last lines of {log_file}:\n{tail}")
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        # its own Ray temp dir (short: Ray's socket paths must fit 107 bytes): never joins another cluster
+        ray_tmp = tempfile.mkdtemp(prefix="gsm-", dir="/tmp")
+        attempt_cmd = [*cmd, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"] if cluster is None else cmd
+        print(f"[smoke] {run}: {' '.join(attempt_cmd[1:])}\n[smoke] log: {log_file}", flush=True)
+        supervised = SupervisedRun(attempt_cmd, env, log_file, cwd=ROOT, timeout_s=timeout_s)
+        try:
+            with (cluster.peak_memory() if cluster is not None else contextlib.nullcontext({})) as cluster_memory:
+                result = supervised.wait()
+        except SupervisedRunError as err:
+            raise SmokeCheckError(f"{run} failed: {err}") from None
+        finally:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+        result.peak_pss_bytes += cluster_memory.get("peak_pss_bytes", 0)  # a submitted run's are the cluster's
+        print(f"[smoke] {run}: exit {result.returncode} after {result.wall_s:.0f} s, peak memory of its processes "
+              f"{result.peak_pss_bytes / 2**30:.1f} GiB", flush=True)
+        if result.returncode == 0:
+            break
+        text = log_file.read_text(errors="replace") if log_file.exists() else ""
+        if not ray_start_timed_out(text) or attempt == RAY_START_ATTEMPTS:
+            tail = "".join(text.splitlines(keepends=True)[-40:])
+            raise SmokeCheckError(f"{run} failed (exit {result.returncode}); last lines of {log_file}:\n{tail}")
+        kept = log_file.with_name(f"{log_file.name}.attempt{attempt}")
+        log_file.replace(kept)
+        print(f"[smoke] {run}: Ray's node timed out at start (Ray's fixed 30 s; the machine is loaded): starting "
+              f"again, attempt {attempt + 1} of {RAY_START_ATTEMPTS} (that log: {kept})", flush=True)
     return {"metrics_file": metrics_file, "wall_s": result.wall_s, "peak_pss_bytes": result.peak_pss_bytes,
             # what identifies the run's processes (its session, its marker variable, its Ray temp dir), for checks
             "session": supervised.proc.pid, "marker": (supervised.marker_env, supervised.token), "ray_tmp": ray_tmp}

@@ -204,3 +204,65 @@ def test_make_smoke_passes_smoke_args_through():
 
     assert dry()[-2:] == ["--nodes", "1"]
     assert dry("SMOKE_ARGS=a.b=1 --steps 3")[-3:] == ["a.b=1", "--steps", "3"]
+
+
+class _RayStartRun:
+    """Stands in for SupervisedRun: the first `fail_first` runs write `failure` to the log and exit 1, later ones exit
+    0. Records each command (its Ray temp dir differs per attempt)."""
+
+    commands: list = []
+    fail_first, failure = 0, ""
+    marker_env, token = "GAPO_TEST_MARKER", "token"
+
+    def __init__(self, cmd, env, log_file, cwd=None, timeout_s=None):
+        from types import SimpleNamespace
+
+        self.cmd, self.log_file = cmd, log_file
+        self.commands.append(cmd)
+        self.proc = SimpleNamespace(pid=0)
+
+    def wait(self):
+        from gapo.supervisor import RunResult
+
+        failing = len(self.commands) <= self.fail_first
+        self.log_file.write_text(f"attempt {len(self.commands)}\n" + (self.failure if failing else "ok\n"))
+        return RunResult(1 if failing else 0, 0.0, 0)
+
+
+RAY_TIMEOUT_LOG = ("Exception: The current node timed out during startup. This could happen because some of the "
+                   "raylet failed to startup or the GCS has become overloaded.\n")
+
+
+@pytest.mark.parametrize("fail_first, runs", [(0, 1), (1, 2), (2, 3)])
+def test_a_run_whose_ray_node_timed_out_at_start_is_started_again(tmp_path, monkeypatch, fail_first, runs):
+    from recipe import smoke
+
+    monkeypatch.setattr(smoke, "SupervisedRun", _RayStartRun)
+    monkeypatch.setattr(_RayStartRun, "commands", [])
+    monkeypatch.setattr(_RayStartRun, "fail_first", fail_first)
+    monkeypatch.setattr(_RayStartRun, "failure", RAY_TIMEOUT_LOG)
+    smoke.train(tmp_path, "run1", 1, [])
+    assert len(_RayStartRun.commands) == runs
+    # each attempt in its own Ray temp dir; each failed attempt's log kept beside the last one
+    assert len({cmd[-1] for cmd in _RayStartRun.commands}) == runs
+    logs = tmp_path / "logs"
+    assert (logs / "run1.log").read_text() == f"attempt {runs}\nok\n"
+    assert sorted(p.name for p in logs.glob("run1.log.attempt*")) == [f"run1.log.attempt{i}" for i in range(1, runs)]
+
+
+def test_ray_start_retries_stop_after_the_last_attempt_and_other_failures_are_not_retried(tmp_path, monkeypatch):
+    from recipe import smoke
+
+    monkeypatch.setattr(smoke, "SupervisedRun", _RayStartRun)
+    monkeypatch.setattr(_RayStartRun, "commands", [])
+    monkeypatch.setattr(_RayStartRun, "fail_first", 99)
+    monkeypatch.setattr(_RayStartRun, "failure", RAY_TIMEOUT_LOG)
+    with pytest.raises(SmokeCheckError, match="timed out during startup"):
+        smoke.train(tmp_path / "a", "run1", 1, [])
+    assert len(_RayStartRun.commands) == smoke.RAY_START_ATTEMPTS == 3
+    monkeypatch.setattr(_RayStartRun, "commands", [])
+    monkeypatch.setattr(_RayStartRun, "failure", "GAPO config error: unknown key\n")
+    with pytest.raises(SmokeCheckError, match="unknown key"):
+        smoke.train(tmp_path / "b", "run1", 1, [])
+    assert len(_RayStartRun.commands) == 1
+    assert not list((tmp_path / "b" / "logs").glob("*.attempt*"))
