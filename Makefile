@@ -45,6 +45,7 @@
 #                  runs/study/report.md, report.json, figures/; REDUCED=1 one seed, two methods, 3 steps
 #   make study-explore  the powered exploration study through TRL (3 methods x 24 seeds x 2 regimes, ~40 min):
 #                  runs/study-explore/report.md; REDUCED=1 the CI check (16 s); PILOT=1 the pilot (docs/studies.md)
+#                  TASK=arithmetic the real model of make learn (3 methods x 8 seeds, at most 2 h): runs/study-explore-real
 #   make study-vigor  the 2x2 uniform/VIGOR x fixed/GAPO study (5 methods x 3 seeds): runs/study-vigor/;
 #                  REDUCED=1 one seed, three methods, 3 steps (CI runs it with the vLLM rollout)
 #   make reproduce TABLE=math|code|ablation   every run's command for that paper table; REPRODUCE_ARGS e.g.
@@ -308,9 +309,11 @@ study: install
 # the powered exploration study (recipe/studies/explore.py, docs/studies.md): GAPO vs two fixed clips x 24 seeds on
 # the smoke task's hard tail and on a high-pass regime, through TRL in .venv-trl (~40 min on 2 cores, resumable);
 # REDUCED=1 2 seeds x 8 steps (what CI runs); PILOT=1 the pilot that fixed its settings; STUDY_ARGS e.g. "--seeds 1 2"
-STUDY_EXPLORE_DIR ?= runs/study-explore$(if $(REDUCED),-reduced)$(if $(PILOT),-pilot)
+# TASK=arithmetic: the same study on the real model of `make learn` (recipe/studies/explore_real.py; docs/studies.md)
+TASK ?= smoke
+STUDY_EXPLORE_DIR ?= runs/study-explore$(if $(filter arithmetic,$(TASK)),-real)$(if $(REDUCED),-reduced)$(if $(PILOT),-pilot)
 study-explore: install-trl
-	$(TRL_PY) -m recipe.studies.explore --out $(STUDY_EXPLORE_DIR) $(if $(REDUCED),--reduced) $(if $(PILOT),--pilot) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
+	$(TRL_PY) -m recipe.studies.explore --task $(TASK) --out $(STUDY_EXPLORE_DIR) $(if $(REDUCED),--reduced) $(if $(PILOT),--pilot) --jobs $(STUDY_JOBS) $(STUDY_ARGS)
 
 # the 2x2 allocation (uniform, VIGOR) x clip (fixed, GAPO) study (recipe/studies/vigor_2x2.py), same knobs as `study`
 # (STUDY_ARGS e.g. "--target 0.3"; python -m recipe.studies.vigor_2x2 -h)

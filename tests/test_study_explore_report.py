@@ -5,6 +5,7 @@ tests/trl_integration/test_study_explore.py."""
 import json
 import math
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,143 @@ def test_fresh_wipes_the_pilots_runs_too(tmp_path, monkeypatch):
     assert [p.name for p in seen] == [f"lr{lr:g}" for lr in explore.PILOT_LEARNING_RATES]
     assert not any((tmp_path / f"lr{lr:g}" / "runs").exists() for lr in explore.PILOT_LEARNING_RATES)
     assert (tmp_path / "pilot.md").exists()
+
+
+# --- the study on a real policy (task arithmetic) -------------------------------------------------------------------
+
+from recipe.studies import explore_real  # noqa: E402
+from recipe.studies.explore_report import write_real_report  # noqa: E402
+
+REAL = replace(explore_real.SETTINGS, steps=4, eval_every=4, eval_prompts=2)
+REAL_BUCKETS = ("add1", "sub1", "mul1", "add2")
+# add2 correct counts (of 8) per seed after the last step; every run starts at [0, 1] (pass@1 1/16)
+REAL_ADD2 = {"gapo_linear": [[2, 1], [1, 1], [3, 2]], "gspo_clip_higher": [[1, 0], [1, 1], [1, 1]],
+             "gspo_symmetric": [[0, 1], [0, 0], [1, 1]]}
+
+
+def write_real_run(out, spec, settings=REAL):
+    """A finished real-study run: held-out at steps 0 and 4 for the four buckets, clip diagnostics at c = 1, 2, 6, 7
+    that differ by method and seed."""
+    folder = run_dir(out, spec)
+    folder.mkdir(parents=True)
+    i = spec.seed - 1
+    lines = []
+    for step in (0, settings.steps):
+        for bucket in REAL_BUCKETS:
+            correct = (REAL_ADD2[spec.method][i] if step else [0, 1]) if bucket == "add2" else [4, 6] if step else [2, 2]
+            lines.append({"step": step, "bucket": bucket, "n": 8, "correct": correct, "distinct": [2, 3]})
+    (folder / "heldout.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    symmetric = spec.method == "gspo_symmetric"
+    # c = 1 clipped 0.3 + 0.1 i under the symmetric clip (0.1 otherwise), c = 2 0.2, c = 6 and 7 0.05
+    metrics = [{"step": 1, "data": {"gapo/clipfrac_pos/c1": 0.3 + 0.1 * i if symmetric else 0.1,
+                                    "gapo/ratio_dev_pos/c1": 0.004, "gapo/clipfrac_pos/c6": 0.05,
+                                    "gapo/ratio_dev_pos/c6": 0.001}},
+               {"step": 2, "data": {"gapo/clipfrac_pos/c2": 0.2, "gapo/clipfrac_pos/c7": 0.05, "reward": 0.4}}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (folder / "done.json").write_text(json.dumps({"settings": asdict(settings)}))
+
+
+def test_the_real_design_is_the_learning_runs_settings_on_the_arithmetic_buckets():
+    from recipe.learn_trl import LEARN_SETTINGS
+
+    s = explore_real.SETTINGS
+    s.validate()
+    assert s.task == "arithmetic" and (s.learning_rate, s.eps_low, s.eps_high_max) == (
+        LEARN_SETTINGS["learning_rate"], LEARN_SETTINGS["epsilon"], LEARN_SETTINGS["gapo"]["eps_high_max"])
+    assert s.prompts_per_generation * s.k // s.steps_per_generation == LEARN_SETTINGS["per_device_train_batch_size"]
+    assert s.max_completion_length == LEARN_SETTINGS["max_completion_length"]
+    chosen = explore.design("arithmetic")
+    assert len(chosen.seeds) >= 8 and not set(chosen.seeds) & set(chosen.pilot_seeds)
+    run_specs = explore.specs(chosen.seeds, task="arithmetic")
+    assert {sp.regime for sp in run_specs} == {"arith"} and len(run_specs) == 3 * len(chosen.seeds)
+    assert explore_real.PRIMARY["effect"]["metric"] == "pass1/add2"
+    with pytest.raises(ValueError, match="unknown task 'chess'"):
+        explore.design("chess")
+    with pytest.raises(ValueError, match="task must be one of smoke, arithmetic, got 'chess'"):
+        replace(s, task="chess").validate()
+
+
+def test_arithmetic_rows_hold_out_the_same_prompts_for_every_run_apart_from_training():
+    from recipe.studies.explore_run import arith_rows
+
+    train, heldout = arith_rows("train", REAL), arith_rows("heldout", REAL)
+    assert arith_rows("heldout", REAL) == heldout and len(train) == REAL.n_train
+    assert sorted({r["bucket"] for r in heldout}) == sorted(REAL_BUCKETS)
+    assert all(sum(r["bucket"] == b for r in heldout) == REAL.eval_prompts for b in REAL_BUCKETS)
+    assert not {r["extra_info"]["problem"] for r in heldout} & {r["extra_info"]["problem"] for r in train}
+    row = heldout[0]
+    assert row["data_source"] == f"gapo_arith_{row['bucket']}" and row["ground_truth"].lstrip("-").isdigit()
+
+
+def test_a_run_recorded_before_a_setting_existed_counts_at_that_settings_default(tmp_path):
+    spec = RunSpec("tail", "gapo_linear", 1)
+    write_run(tmp_path, spec)
+    done = json.loads((run_dir(tmp_path, spec) / "done.json").read_text())
+    del done["settings"]["task"]  # a run of the smoke study from before the real task existed
+    (run_dir(tmp_path, spec) / "done.json").write_text(json.dumps(done))
+    assert explore.is_done(run_dir(tmp_path, spec), SETTINGS)
+    assert explore.settings_differ(run_dir(tmp_path, spec), replace(SETTINGS, task="arithmetic")) == [
+        "task: smoke (now arithmetic)"]
+
+
+def test_real_report_numbers_from_constructed_runs(tmp_path):
+    seeds = (1, 2, 3)
+    for spec in explore.specs(seeds, task="arithmetic"):
+        write_real_run(tmp_path, spec)
+    write_real_report(tmp_path, seeds, REAL, "study", None)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["missing"] == [] and report["task"] == "arithmetic"
+    # effect: add2 pass@1 GAPO 3/16, 2/16, 5/16 vs clip-higher 1/16, 2/16, 2/16 -> 2/16, 0, 3/16
+    effect = report["primary"]["effect"]["result"]
+    diffs = [2 / 16, 0.0, 3 / 16]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert (effect["n"], effect["mean"], effect["sd"]) == pytest.approx((3, mean, sd))
+    assert effect["low"] == pytest.approx(mean - T975_2 * sd / math.sqrt(3))
+    # diagnosis under the symmetric clip: small c mean of (c1, c2) per step -> step 1 c1 (0.3, 0.4, 0.5), step 2 0.2;
+    # large: 0.05 at both steps
+    diagnosis = report["primary"]["diagnosis"]["result"]
+    assert diagnosis["mean"] == pytest.approx((0.25 + 0.3 + 0.35) / 3 - 0.05)
+    assert diagnosis["sd"] == pytest.approx(0.05)
+    # per c: the symmetric clip's c = 1 clip fraction across seeds, and GAPO minus it paired by seed
+    per_c = report["tables"]["per_c"]
+    assert per_c["clip_c1"]["methods"]["gspo_symmetric"]["mean"] == pytest.approx(0.4)
+    assert per_c["clip_c1"]["vs"]["gspo_symmetric"]["mean"] == pytest.approx(0.1 - 0.4)
+    assert per_c["dev_c1"]["methods"]["gapo_linear"]["mean"] == pytest.approx(0.004)
+    assert per_c["clip_c3"]["methods"]["gapo_linear"] is None  # no success with c = 3 logged
+    # every bucket and the overall before and after; pass@1 over all buckets rose from (2+2)*3/16/... by hand
+    over = report["heldout_over_training"]
+    assert set(over) == {*REAL_BUCKETS, "all"}
+    assert over["add1"]["gapo_linear"]["0"]["mean"] == pytest.approx(0.25)
+    assert over["add1"]["gapo_linear"]["4"]["mean"] == pytest.approx(0.625)
+    change = report["tables"]["effect"]["pass1_change/all"]["methods"]["gapo_linear"]["mean"]
+    before = (3 * 0.25 + 1 / 16) / 4
+    after = (3 * 0.625 + (3 + 2 + 5) / 3 / 16) / 4
+    assert change == pytest.approx(after - before)
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith("# Exploration study on a real policy: GAPO vs fixed clips (study)")
+    assert "SmolLM2-135M-Instruct" in md and "| clip_c1 |" in md and "| add2 | step 0 | step 4 |" in md
+    assert any(line.startswith("Effect (primary): held-out pass@1 on the hard bucket (add2)") for line in
+               report["findings"])
+
+
+def test_the_real_task_through_the_command_line_reports_and_refuses(tmp_path, capsys, monkeypatch):
+    for spec in explore.specs((1, 2), task="arithmetic"):
+        write_real_run(tmp_path, spec, explore_real.SETTINGS)
+    assert explore.main(["--task", "arithmetic", "--out", str(tmp_path), "--report-only", "--seeds", "1", "2"]) == 0
+    assert (tmp_path / "report.md").read_text().startswith("# Exploration study on a real policy")
+    # the smoke study's settings do not count the real runs done
+    with pytest.raises(SystemExit):
+        explore.main(["--out", str(tmp_path), "--report-only", "--seeds", "1", "2"])
+    assert "runs of task arithmetic are there: pass --task arithmetic" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        explore.main(["--task", "chess", "--out", str(tmp_path / "x")])
+    assert exit_info.value.code == 2 and "invalid choice: 'chess'" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(explore, "run_all", lambda out, run_specs, settings, jobs: seen.append(
+        (out, run_specs, settings)) or 0.0)
+    monkeypatch.chdir(tmp_path)
+    explore.main(["--task", "arithmetic", "--reduced"])
+    out, run_specs, settings = seen[0]
+    assert out == Path("runs/study-explore-real-reduced") and settings.task == "arithmetic"
+    assert len(run_specs) == 6 and settings.steps == explore_real.REDUCED["settings"]["steps"]

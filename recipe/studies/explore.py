@@ -23,10 +23,11 @@ import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings
+from recipe.studies import explore_real
+from recipe.studies.explore_run import METHODS, TASKS, RunSpec, StudySettings, task_regimes
 
 # The study's seeds: 24 per method and regime, the pilot rule's answer (docs/studies.md: the larger of MIN_SEEDS and
 # what the primaries need at the pilot's sd, at most MAX_SEEDS). The pilot's seeds are disjoint: the pilot chose the
@@ -62,6 +63,37 @@ REDUCED = {"seeds": (1, 2), "settings": {"steps": 8, "eval_every": 4, "eval_prom
                                          "n_train": 64}}
 
 
+@dataclass(frozen=True)
+class Design:
+    """One task's pre-registered study: its settings, seeds, pilot, power rule, primary outcomes, reduced mode, the
+    (regime, bucket) whose held-out pass@1 the pilot watches, and its default output folder."""
+
+    task: str
+    settings: StudySettings
+    seeds: tuple
+    pilot_seeds: tuple
+    pilot_learning_rates: tuple
+    min_seeds: int
+    max_seeds: int
+    meaningful: float
+    primary: dict
+    reduced: dict
+    hard: tuple[str, str]
+    out: str
+
+
+def design(task: str = "smoke") -> Design:
+    """The study of a task (TASKS): `smoke` (the constants above) or `arithmetic` (recipe.studies.explore_real)."""
+    if task == "smoke":
+        return Design(task, StudySettings(), SEEDS, PILOT_SEEDS, PILOT_LEARNING_RATES, MIN_SEEDS, MAX_SEEDS, MEANINGFUL,
+                      PRIMARY, REDUCED, ("tail", "hard"), "runs/study-explore")
+    if task == "arithmetic":
+        r = explore_real
+        return Design(task, r.SETTINGS, r.SEEDS, r.PILOT_SEEDS, r.PILOT_LEARNING_RATES, r.MIN_SEEDS, r.MAX_SEEDS,
+                      r.MEANINGFUL, r.PRIMARY, r.REDUCED, (r.REGIME, r.HARD_BUCKET), "runs/study-explore-real")
+    raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
+
+
 def run_dir(out: Path, spec: RunSpec) -> Path:
     """OUT/runs/<regime>/<method>/seed<s>: where a run writes its files."""
     return out / "runs" / spec.regime / spec.method / f"seed{spec.seed}"
@@ -79,12 +111,15 @@ def settings_differ(path: Path, settings: StudySettings) -> list[str] | None:
         done = json.loads((path / "done.json").read_text())
     except (OSError, ValueError):
         return None
-    theirs, ours = done.get("settings") or {}, asdict(settings)
-    return [f"{name}: {theirs.get(name, 'unset')} (now {ours[name]})" for name in ours if theirs.get(name) != ours[name]]
+    # a setting a run's done.json lacks was added after that run, which ran at its default (StudySettings)
+    theirs, ours = {**asdict(StudySettings()), **(done.get("settings") or {})}, asdict(settings)
+    return [f"{name}: {theirs[name]} (now {ours[name]})" for name in ours if theirs[name] != ours[name]]
 
 
-def specs(seeds, regimes=tuple(REGIMES), methods=tuple(METHODS)) -> list[RunSpec]:
-    """Seed-major order: a study stopped part way has whole seeds (every method and regime) done."""
+def specs(seeds, regimes=None, methods=tuple(METHODS), task: str = "smoke") -> list[RunSpec]:
+    """Seed-major order: a study stopped part way has whole seeds (every method and regime) done. `regimes`: the
+    task's (task_regimes) by default."""
+    regimes = tuple(task_regimes(task)) if regimes is None else regimes
     return [RunSpec(regime, method, seed) for seed in seeds for regime in regimes for method in methods]
 
 
@@ -108,14 +143,20 @@ def _run(spec: RunSpec, out: str, model_dir: str, settings: StudySettings) -> di
 
 def run_all(out: Path, run_specs: list[RunSpec], settings: StudySettings, jobs: int, echo=print) -> float:
     """Train every run of `run_specs` not already done into OUT/runs (jobs worker processes, each loading torch and
-    TRL once); prints one line per run with an estimate of the time left. Returns the wall seconds spent."""
-    from gapo.smoke.tiny_model import build_tiny_model
-
+    TRL once); prints one line per run with an estimate of the time left. Returns the wall seconds spent. The model:
+    the tiny one built under OUT (task smoke), or the real one prepared once (gapo.real_model; task arithmetic)."""
     settings.validate()
     import transformers
 
     transformers.logging.disable_progress_bar()
-    model_dir = build_tiny_model(out / "tiny")
+    if settings.task == "smoke":
+        from gapo.smoke.tiny_model import build_tiny_model
+
+        model_dir = build_tiny_model(out / "tiny")
+    else:
+        from gapo.real_model import prepare
+
+        model_dir = prepare()
     todo = [s for s in run_specs if not is_done(run_dir(out, s), settings)]
     kept = len(run_specs) - len(todo)
     echo(f"[study-explore] {len(run_specs)} runs: {kept} done before (kept), {len(todo)} to train, {jobs} at once")
@@ -143,34 +184,42 @@ def run_all(out: Path, run_specs: list[RunSpec], settings: StudySettings, jobs: 
 
 
 def study_settings(args) -> tuple[list[RunSpec], StudySettings, str]:
-    """(runs, settings, mode) from the command line: the study, the reduced study or the pilot."""
-    settings = StudySettings()
+    """(runs, settings, mode) from the command line: the study, the reduced study or the pilot, of `--task`."""
+    chosen = design(args.task)
+    settings = chosen.settings
     if args.reduced:
-        settings = replace(settings, **REDUCED["settings"])
+        settings = replace(settings, **chosen.reduced["settings"])
     overrides = {name: getattr(args, name) for name in ("steps", "lr", "skew") if getattr(args, name) is not None}
     if "lr" in overrides:
         overrides["learning_rate"] = overrides.pop("lr")
     settings = replace(settings, **overrides)
     settings.validate()
     if args.pilot:
-        return specs(args.seeds or PILOT_SEEDS), settings, "pilot"
-    seeds = args.seeds or (REDUCED["seeds"] if args.reduced else SEEDS)
-    return specs(seeds), settings, "reduced" if args.reduced else "study"
+        return specs(args.seeds or chosen.pilot_seeds, task=args.task), settings, "pilot"
+    seeds = args.seeds or (chosen.reduced["seeds"] if args.reduced else chosen.seeds)
+    return specs(seeds, task=args.task), settings, "reduced" if args.reduced else "study"
 
 
 def parser() -> argparse.ArgumentParser:
     """The command line of the module docstring."""
     p = argparse.ArgumentParser(prog="python -m recipe.studies.explore", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--out", type=Path, help="output folder (default runs/study-explore, -reduced, -pilot)")
+    p.add_argument("--task", choices=TASKS, default="smoke",
+                   help="smoke: the tiny random model (default); arithmetic: the real model of make learn "
+                        "(recipe.studies.explore_real)")
+    p.add_argument("--out", type=Path, help="output folder (default runs/study-explore, or runs/study-explore-real "
+                                             "with --task arithmetic; -reduced, -pilot)")
     p.add_argument("--jobs", type=int, default=2, help="runs trained at once, one CPU thread each (default 2)")
     p.add_argument("--reduced", action="store_true", help="CI's reduced mode (REDUCED): a check, not a result")
     p.add_argument("--pilot", action="store_true",
                    help=f"the pilot: learning rates {PILOT_LEARNING_RATES} x every method and regime x seeds "
                         f"{PILOT_SEEDS}; writes pilot.md with the power calculation")
-    p.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {SEEDS[0]}..{SEEDS[-1]})")
-    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {StudySettings.steps})")
-    p.add_argument("--lr", type=float, help=f"learning rate (default {StudySettings.learning_rate})")
+    p.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {SEEDS[0]}..{SEEDS[-1]}; --task arithmetic "
+                                                        f"{explore_real.SEEDS[0]}..{explore_real.SEEDS[-1]})")
+    p.add_argument("--steps", type=int, help=f"optimizer steps per run (default {StudySettings.steps}; --task "
+                                             f"arithmetic {explore_real.SETTINGS.steps})")
+    p.add_argument("--lr", type=float, help=f"learning rate (default {StudySettings.learning_rate}; --task arithmetic "
+                                            f"{explore_real.SETTINGS.learning_rate})")
     p.add_argument("--skew", type=float, help=f"Zipf skew of the allowed sets, 0 uniform (default {StudySettings.skew})")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from the runs there, train nothing")
     p.add_argument("--fresh", action="store_true", help="delete OUT/runs first (default: keep finished runs)")
@@ -189,13 +238,14 @@ def main(argv=None) -> int:
         run_specs, settings, mode = study_settings(args)
     except (ValueError, TypeError) as err:
         parser().error(str(err))
-    out = args.out or Path("runs/study-explore" + {"study": "", "reduced": "-reduced", "pilot": "-pilot"}[mode])
+    chosen = design(args.task)
+    out = args.out or Path(chosen.out + {"study": "", "reduced": "-reduced", "pilot": "-pilot"}[mode])
     if args.fresh and not args.report_only:
-        for folder in [out / "runs", *(out / f"lr{lr:g}" / "runs" for lr in PILOT_LEARNING_RATES)]:
+        for folder in [out / "runs", *(out / f"lr{lr:g}" / "runs" for lr in chosen.pilot_learning_rates)]:
             shutil.rmtree(folder, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        paths = _train_and_report(args, out, run_specs, settings, mode)
+        paths = _train_and_report(args, out, run_specs, settings, mode, chosen)
     except RuntimeError as err:  # a failed run: named, with what a rerun keeps
         print(f"[study-explore] stopped: {err}", file=sys.stderr)
         return 1
@@ -203,10 +253,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def _train_and_report(args, out: Path, run_specs: list[RunSpec], settings: StudySettings, mode: str) -> list[Path]:
+def _train_and_report(args, out: Path, run_specs: list[RunSpec], settings: StudySettings, mode: str,
+                      chosen: Design) -> list[Path]:
     wall = {}
+    hard_regime = chosen.hard[0]
     if mode == "pilot":
-        for lr in PILOT_LEARNING_RATES:
+        for lr in chosen.pilot_learning_rates:
             lr_settings = replace(settings, learning_rate=lr)
             lr_out = out / f"lr{lr:g}"
             lr_out.mkdir(parents=True, exist_ok=True)
@@ -214,21 +266,24 @@ def _train_and_report(args, out: Path, run_specs: list[RunSpec], settings: Study
                 wall[lr] = run_all(lr_out, run_specs, lr_settings, args.jobs)
         from recipe.studies import explore_report
 
-        paths = explore_report.write_pilot(out, {lr: out / f"lr{lr:g}" for lr in PILOT_LEARNING_RATES},
-                                           [s.seed for s in run_specs if s.regime == "tail" and s.method == "gapo_linear"],
-                                           settings, sum(wall.values()) if wall else None)
+        paths = explore_report.write_pilot(out, {lr: out / f"lr{lr:g}" for lr in chosen.pilot_learning_rates},
+                                           [s.seed for s in run_specs
+                                            if s.regime == hard_regime and s.method == "gapo_linear"],
+                                           settings, sum(wall.values()) if wall else None, chosen)
     else:
         if not args.report_only:
             wall["all"] = run_all(out, run_specs, settings, args.jobs)
         elif not any(is_done(run_dir(out, s), settings) for s in run_specs):
             other = next((d for d in (settings_differ(run_dir(out, s), settings) for s in run_specs) if d), None)
+            tasks = [t for t in TASKS if t != settings.task and any((out / "runs" / r).is_dir() for r in task_regimes(t))]
             parser().error(f"--report-only: none of the {len(run_specs)} runs under {out / 'runs'} finished with these "
                            "settings" + (f"; runs there were trained with other settings ({'; '.join(other)}): pass "
-                                         "the same --steps / --lr / --skew / --reduced" if other else ""))
+                                         "the same --steps / --lr / --skew / --reduced" if other else "")
+                           + (f"; runs of task {tasks[0]} are there: pass --task {tasks[0]}" if tasks else ""))
         from recipe.studies import explore_report
 
-        paths = explore_report.write_report(out, sorted({s.seed for s in run_specs}), settings, mode,
-                                            wall.get("all"))
+        write = explore_report.write_report if chosen.task == "smoke" else explore_report.write_real_report
+        paths = write(out, sorted({s.seed for s in run_specs}), settings, mode, wall.get("all"))
     return paths
 
 

@@ -26,14 +26,16 @@ import math
 from pathlib import Path
 
 from recipe.studies import stats
-from recipe.studies.explore import MAX_SEEDS, MEANINGFUL, MIN_SEEDS, PILOT_LEARNING_RATES, PRIMARY, run_dir
-from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings, eval_steps
+from recipe.studies import explore_real
+from recipe.studies.explore import MEANINGFUL, PRIMARY, Design, design, run_dir
+from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings, eval_steps, task_regimes
 
 ENGINE = ("TRL's GRPOTrainer with GAPO's loss (gapo.integrations.trl) on CPU; its loss, gradient and per-c clip "
           "diagnostics equal the verl plug-in's on a shared batch for each method as configured here "
           "(tests/trl_integration/test_study_explore.py)")
 SMALL_C = (1, 2)
 LARGE_C = (6, 7)
+PER_C = tuple(range(1, 8))  # the success counts of a mixed group of 8
 PASS_K = 8
 COVERAGE_ABOVE = 0.05
 # A run whose held-out samples start with fewer distinct characters than this, on average, after the last step has
@@ -93,8 +95,12 @@ def _mean(values) -> float | None:
 
 
 def clip_numbers(metrics: dict[int, dict[str, float]]) -> dict[str, float | None]:
-    """clip_small/large/gap, dev_small/large/gap, corr over all steps (module docstring)."""
+    """clip_small/large/gap, dev_small/large/gap, corr over all steps (module docstring), and per success count c:
+    clip_c<c>, dev_c<c>, the mean over the steps that logged a success with that c (PER_C)."""
     out: dict[str, float | None] = {}
+    for c in PER_C:
+        out[f"clip_c{c}"] = _mean(row.get(f"{CLIPFRAC}{c}") for row in metrics.values())
+        out[f"dev_c{c}"] = _mean(row.get(f"{RATIO_DEV}{c}") for row in metrics.values())
     for name, prefix in (("clip", CLIPFRAC), ("dev", RATIO_DEV)):
         for size, levels in (("small", SMALL_C), ("large", LARGE_C)):
             out[f"{name}_{size}"] = _mean(_mean(row.get(f"{prefix}{c}") for c in levels) for row in metrics.values())
@@ -142,7 +148,7 @@ def collect(out: Path, seeds, settings: StudySettings) -> tuple[dict, list[str]]
 
     found: dict = {}
     missing = []
-    for regime in REGIMES:
+    for regime in task_regimes(settings.task):
         for method in METHODS:
             for seed in seeds:
                 spec = RunSpec(regime, method, seed)
@@ -203,10 +209,10 @@ def fmt_interval(result: dict | None) -> str:
     return f"{fmt(result['mean'])} [{fmt(result['low'])}, {fmt(result['high'])}]"
 
 
-def primaries(found: dict) -> dict[str, dict]:
-    """Each pre-registered primary outcome's result (`comparison`), power and verdict."""
+def primaries(found: dict, primary: dict = PRIMARY) -> dict[str, dict]:
+    """Each pre-registered primary outcome's result (`comparison`), power and verdict (`primary`: the task's)."""
     out = {}
-    for question, p in PRIMARY.items():
+    for question, p in primary.items():
         result = comparison(found, p["regime"], p["metric"], p["a"], p["b"])
         power = None
         if result is not None and result["sd"] is not None and result["n"] >= 2:
@@ -264,19 +270,21 @@ def quarter_rows(found: dict, regime: str) -> dict:
             for metric in OVER_TRAINING}
 
 
+def block(found: dict, regime: str, metrics) -> dict:
+    """{metric: each method's summary and the paired comparisons of GAPO with each fixed clip} in one regime."""
+    rows = {}
+    for metric in metrics:
+        key = _metric_key(metric)
+        rows[metric] = {"methods": {m: method_summary(found, regime, m, key) for m in METHODS},
+                        "vs": {b: comparison(found, regime, key, "gapo_linear", b)
+                               for b in ("gspo_clip_higher", "gspo_symmetric")}}
+    return rows
+
+
 def tables(found: dict) -> dict:
     """Per question: each method's summary and the paired comparisons of GAPO with each fixed clip."""
-    def block(regime, metrics):
-        rows = {}
-        for metric in metrics:
-            key = _metric_key(metric)
-            rows[metric] = {"methods": {m: method_summary(found, regime, m, key) for m in METHODS},
-                            "vs": {b: comparison(found, regime, key, "gapo_linear", b)
-                                   for b in ("gspo_clip_higher", "gspo_symmetric")}}
-        return rows
-
-    return {"diagnosis": block("tail", DIAGNOSIS_METRICS), "effect": block("tail", EFFECT_METRICS),
-            "high_pass": block("high", HIGH_METRICS)}
+    return {"diagnosis": block(found, "tail", DIAGNOSIS_METRICS), "effect": block(found, "tail", EFFECT_METRICS),
+            "high_pass": block(found, "high", HIGH_METRICS)}
 
 
 def findings(result: dict) -> list[str]:
@@ -384,10 +392,10 @@ def write_report(out: Path, seeds, settings: StudySettings, mode: str, wall_s: f
     return paths + ([figure] if figure else [])
 
 
-def render(result: dict, figure: Path | None) -> str:
-    """report.md from write_report's result: setup, primaries, findings, one table per question."""
+def _head(result: dict, title: str) -> list[str]:
+    """A report's title, setup, missing runs, pre-registered primaries (with the power reached) and findings."""
     s = result["settings"]
-    lines = [f"# Exploration study: GAPO vs fixed clips ({result['mode']})", ""]
+    lines = [title, ""]
     if result["mode"] == "reduced":
         lines += ["Reduced mode: a check that the study's path works, not a result.", ""]
     lines += [f"Engine: {result['engine']}. Seeds {result['seeds']} per method and regime; {s['steps']} steps of "
@@ -405,7 +413,12 @@ def render(result: dict, figure: Path | None) -> str:
         r, power = p["result"], p["power"]
         lines.append(f"| {question} | {p['text']} | {fmt_interval(r)} | {fmt(r and r['dz'], 2)} | "
                      f"{r['n'] if r else 0} | {p['verdict']} | {fmt(power and power['mde'])} |")
-    lines += ["", "## What this shows", ""] + [f"- {line}" for line in result["findings"]]
+    return lines + ["", "## What this shows", ""] + [f"- {line}" for line in result["findings"]]
+
+
+def render(result: dict, figure: Path | None) -> str:
+    """report.md from write_report's result: setup, primaries, findings, one table per question."""
+    lines = _head(result, f"# Exploration study: GAPO vs fixed clips ({result['mode']})")
     lines += ["", "## 1. Diagnosis (tail regime; over all training steps)", ""]
     lines += _table_md(result["tables"]["diagnosis"], DIAGNOSIS_METRICS)
     lines += ["", "## 2. Effect (tail regime; held-out after the last step, live over the last quarter)", ""]
@@ -434,56 +447,138 @@ def render(result: dict, figure: Path | None) -> str:
     return "\n".join(lines)
 
 
-def pilot_result(lr_dirs: dict[float, Path], seeds, settings: StudySettings) -> dict:
+def pilot_result(lr_dirs: dict[float, Path], seeds, settings: StudySettings, chosen: Design | None = None) -> dict:
     """The pilot's numbers: per learning rate, each method's change of hard-bucket pass1 from step 0 (does the study
-    discriminate?) and each primary outcome's per-seed sd; the rule's choice of learning rate and seed count."""
+    discriminate?) and each primary outcome's per-seed sd; the rule's choice of learning rate and seed count.
+    `chosen`: the task's design (explore.design; the smoke study's by default)."""
     from dataclasses import replace
 
+    chosen = chosen or design("smoke")
+    (regime, bucket), min_seeds, max_seeds = chosen.hard, chosen.min_seeds, chosen.max_seeds
     per_lr = {}
     for lr, path in lr_dirs.items():
         found, missing = collect(path, seeds, replace(settings, learning_rate=lr))
-        moves = {m: method_summary(found, "tail", m, "pass1_change/hard") for m in METHODS}
-        per_lr[lr] = {"missing": missing, "moves": moves, "primary": primaries(found)}
+        moves = {m: method_summary(found, regime, m, f"pass1_change/{bucket}") for m in METHODS}
+        per_lr[lr] = {"missing": missing, "moves": moves, "primary": primaries(found, chosen.primary)}
     moving = [lr for lr in sorted(per_lr) if any(s is not None and s["mean"] >= MEANINGFUL and s["low"] is not None
                                                  and s["low"] > 0 for s in per_lr[lr]["moves"].values())]
     chosen = moving[0] if moving else max(per_lr)
     needed = {q: p["power"]["seeds_needed"] for q, p in per_lr[chosen]["primary"].items() if p["power"]}
-    wanted = max([MIN_SEEDS, *[MAX_SEEDS + 1 if n is None else n for n in needed.values()]])
+    wanted = max([min_seeds, *[max_seeds + 1 if n is None else n for n in needed.values()]])
     return {"per_lr": per_lr, "moving": moving, "chosen_lr": chosen, "needed": needed,
-            "seeds": min(wanted, MAX_SEEDS),
-            "underpowered": sorted(q for q, n in needed.items() if n is None or n > MAX_SEEDS),
+            "seeds": min(wanted, max_seeds),
+            "underpowered": sorted(q for q, n in needed.items() if n is None or n > max_seeds),
             "rule": f"the smallest learning rate at which some method's hard-bucket held-out pass@1 rose from step 0 "
-                    f"by at least {MEANINGFUL} with its interval above 0; seeds = max({MIN_SEEDS}, the most any "
+                    f"by at least {MEANINGFUL} with its interval above 0; seeds = max({min_seeds}, the most any "
                     f"primary outcome needs to detect {MEANINGFUL} with 80% power at its pilot sd), at most "
-                    f"{MAX_SEEDS} (the hour's budget)"}
+                    f"{max_seeds} (the hour's budget)"}
 
 
-def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySettings, wall_s) -> list[Path]:
-    """pilot.json and pilot.md under OUT."""
-    result = pilot_result(lr_dirs, seeds, settings)
-    lines = ["# Exploration study: the pilot", "",
-             f"Seeds {list(seeds)}; learning rates {list(PILOT_LEARNING_RATES)}; other settings the study's."
+def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySettings, wall_s,
+                chosen: Design | None = None) -> list[Path]:
+    """pilot.json and pilot.md under OUT (`chosen`: the task's design; the smoke study's by default)."""
+    chosen = chosen or design("smoke")
+    min_seeds, max_seeds, primary = chosen.min_seeds, chosen.max_seeds, chosen.primary
+    result = pilot_result(lr_dirs, seeds, settings, chosen)
+    lines = [f"# Exploration study{'' if chosen.task == 'smoke' else ' on a real policy'}: the pilot", "",
+             f"Seeds {list(seeds)}; learning rates {list(chosen.pilot_learning_rates)}; other settings the study's."
              + (f" Wall time {wall_s / 60:.1f} min." if wall_s else ""), "", f"Rule: {result['rule']}.", "",
              "| learning rate | method | hard pass@1 change from step 0 | "
-             + " | ".join(f"{q} sd (mde at {MIN_SEEDS} / {MAX_SEEDS} seeds)" for q in PRIMARY) + " |",
-             "|---" * (3 + len(PRIMARY)) + "|"]
+             + " | ".join(f"{q} sd (mde at {min_seeds} / {max_seeds} seeds)" for q in primary) + " |",
+             "|---" * (3 + len(primary)) + "|"]
     for lr, r in result["per_lr"].items():
         for method in METHODS:
             cells = []
-            for q in PRIMARY:
+            for q in primary:
                 p = r["primary"][q]
                 sd = p["result"]["sd"] if p["result"] else None
-                cells.append("-" if sd is None else f"{sd:.3f} ({stats.minimum_detectable(sd, MIN_SEEDS):.3f} / "
-                                                    f"{stats.minimum_detectable(sd, MAX_SEEDS):.3f})")
+                cells.append("-" if sd is None else f"{sd:.3f} ({stats.minimum_detectable(sd, min_seeds):.3f} / "
+                                                    f"{stats.minimum_detectable(sd, max_seeds):.3f})")
             lines.append(f"| {lr:g} | {LABEL[method]} | {fmt_interval(r['moves'][method])} | " + " | ".join(cells)
                          + " |")
     lines += ["", f"Moves the hard bucket: {', '.join(f'{lr:g}' for lr in result['moving']) or 'no learning rate'}. "
               f"Seeds each primary needs at the chosen rate: "
               + ", ".join(f"{q} {'more than 1000' if n is None else n}" for q, n in result["needed"].items())
               + f". Chosen: learning rate {result['chosen_lr']:g}, {result['seeds']} seeds"
-              + (f"; underpowered (needs more than {MAX_SEEDS}): {', '.join(result['underpowered'])}"
+              + (f"; underpowered (needs more than {max_seeds}): {', '.join(result['underpowered'])}"
                  if result["underpowered"] else "") + "."]
     paths = [out / "pilot.json", out / "pilot.md"]
+    paths[0].write_text(json.dumps(result, indent=1, default=str) + "\n")
+    paths[1].write_text("\n".join(lines) + "\n")
+    return paths
+
+
+# --- the study on a real policy (task arithmetic, recipe.studies.explore_real) ---------------------------------------
+
+REAL_ENGINE = ENGINE.replace("on CPU", "on CPU, float32 (gapo.integrations.trl.on_cpu), with SmolLM2-135M-Instruct "
+                                       "(gapo.real_model)")
+
+
+def real_findings(result: dict) -> list[str]:
+    """The real study's sentences, each built from the numbers in `result` (write_real_report's)."""
+    lines = []
+    prim, tab = result["primary"], result["tables"]
+    d = prim["diagnosis"]["result"]
+    if d is not None:
+        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = 1-2 "
+                     f"minus that at c = 6-7 was {fmt_interval(d)}: {prim['diagnosis']['verdict']}.")
+    dev = tab["diagnosis"]["dev_gap"]["methods"]
+    for method in ("gspo_symmetric", "gspo_clip_higher"):
+        if dev[method] is not None:
+            lines.append(f"Before clipping, |ratio - 1| of small-c successes minus large-c under the {LABEL[method]} "
+                         f"clip: {fmt_interval(dev[method])} ({stats.verdict(dev[method])}).")
+    e = prim["effect"]["result"]
+    if e is not None:
+        lines.append(f"Effect (primary): {prim['effect']['text']}: {fmt_interval(e)} (dz {fmt(e['dz'], 2)}): "
+                     f"{prim['effect']['verdict']}.")
+    hard = explore_real.HARD_BUCKET
+    for metric in ("pass1/all", f"pass8/{hard}"):
+        parts = [f"vs {LABEL[b]} {fmt_interval(r)} ({stats.verdict(r)})"
+                 for b, r in tab["effect"][metric]["vs"].items() if r is not None]
+        if parts:
+            lines.append(f"GAPO, {metric} (secondary): " + "; ".join(parts) + ".")
+    moved = tab["effect"]["pass1_change/all"]["methods"]
+    for method, change in moved.items():
+        if change is not None:
+            lines.append(f"{LABEL[method]}: held-out pass@1 over all buckets changed by {fmt_interval(change)} from "
+                         f"step 0 ({stats.verdict(change)}).")
+    return lines
+
+
+def write_real_report(out: Path, seeds, settings: StudySettings, mode: str, wall_s: float | None) -> list[Path]:
+    """report.json and report.md of the real study (task arithmetic) under OUT from the runs there."""
+    regime = explore_real.REGIME
+    found, missing = collect(out, seeds, settings)
+    per_c = tuple(f"{kind}_c{c}" for c in PER_C for kind in ("clip", "dev"))
+    result = {"mode": mode, "engine": REAL_ENGINE, "task": settings.task,
+              "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+              "seeds": list(seeds), "missing": missing, "wall_s": wall_s, "meaningful": explore_real.MEANINGFUL,
+              "primary": primaries(found, explore_real.PRIMARY),
+              "tables": {"diagnosis": block(found, regime, DIAGNOSIS_METRICS), "per_c": block(found, regime, per_c),
+                         "effect": block(found, regime, (*explore_real.EFFECT_METRICS, "pass1_change/all"))},
+              "heldout_over_training": {
+                  bucket: {m: {str(step): r for step, r in over_training(out, found, settings, regime, m, bucket).items()}
+                           for m in METHODS} for bucket in (*task_regimes(settings.task)[regime], "all")},
+              "runs": {r: {m: {str(s): o for s, o in by.items()} for m, by in ms.items()} for r, ms in found.items()}}
+    result["findings"] = real_findings(result)
+    lines = _head(result, f"# Exploration study on a real policy: GAPO vs fixed clips ({mode})")
+    lines += ["", "## 1. Diagnosis (over all training steps)", ""]
+    lines += _table_md(result["tables"]["diagnosis"], DIAGNOSIS_METRICS)
+    lines += ["", "Per success count c (clip_c: clip fraction of successes; dev_c: their mean |ratio - 1| before "
+                  "clipping):", ""]
+    lines += _table_md(result["tables"]["per_c"], per_c)
+    lines += ["", "## 2. Effect (held-out after the last step, live over the last quarter)", ""]
+    lines += _table_md(result["tables"]["effect"], (*explore_real.EFFECT_METRICS, "pass1_change/all"))
+    lines += ["", "## Held-out pass@1 before and after", ""]
+    for bucket, by_method in result["heldout_over_training"].items():
+        steps = sorted({int(step) for by_step in by_method.values() for step in by_step})
+        lines += [f"| {bucket} | " + " | ".join(f"step {step}" for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+        lines += [f"| {LABEL[m]} | " + " | ".join(fmt_interval(by_step.get(str(step))) for step in steps) + " |"
+                  for m, by_step in by_method.items()]
+        lines.append("")
+    lines += ["Each cell: mean across seeds [95% t interval]; comparisons are paired by seed. Secondary outcomes "
+              "are exploratory."]
+    paths = [out / "report.json", out / "report.md"]
     paths[0].write_text(json.dumps(result, indent=1, default=str) + "\n")
     paths[1].write_text("\n".join(lines) + "\n")
     return paths

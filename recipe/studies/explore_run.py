@@ -1,5 +1,6 @@
 """One run of the exploration study (`recipe.studies.explore`): the tiny model trained with TRL's `GRPOTrainer` and
-GAPO's loss (`gapo.integrations.trl`) on one regime of the smoke task, with held-out sampling during training.
+GAPO's loss (`gapo.integrations.trl`) on one regime of the smoke task, or the real model of `make learn` on the
+arithmetic task (`StudySettings.task`; recipe.studies.explore_real), with held-out sampling during training.
 
     run_one(RunSpec(regime="tail", method="gapo_linear", seed=3), out=Path("runs/study-explore/runs/..."),
             model_dir=..., settings=StudySettings())
@@ -43,6 +44,21 @@ REGIMES = {
     "tail": {"hard": (1, 4), "mid": (8, 20), "easy": (25, 32)},
     "high": {"high": (28, 36)},
 }
+# The tasks: `smoke`, the tiny random model on the regimes above; `arithmetic`, the real pretrained model of `make learn`
+# (gapo.real_model) on gapo.arithmetic's buckets, one regime (recipe.studies.explore_real holds its design).
+TASKS = ("smoke", "arithmetic")
+ARITH_REGIME = "arith"
+
+
+def task_regimes(task: str) -> dict[str, tuple[str, ...]]:
+    """{regime: its buckets} of a task (TASKS)."""
+    if task == "smoke":
+        return {regime: tuple(buckets) for regime, buckets in REGIMES.items()}
+    if task == "arithmetic":
+        from gapo.arithmetic import BUCKETS
+
+        return {ARITH_REGIME: tuple(BUCKETS)}
+    raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class StudySettings:
     n_train: int = 512
     skew: float = 1.0
     threads: int = 1
+    task: str = "smoke"
 
     def validate(self) -> None:
         """Raise ValueError naming every bad setting and its value."""
@@ -100,6 +117,8 @@ class StudySettings:
             problems.append(f"skew must be >= 0 (0: uniform allowed sets), got {self.skew}")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.task not in TASKS:
+            problems.append(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if problems:
             raise ValueError("study settings: " + "; ".join(problems))
 
@@ -129,6 +148,20 @@ def prompt_rows(regime: str, n: int, split: str, seed: int, skew: float = StudyS
     return rows
 
 
+def arith_rows(split: str, settings: StudySettings) -> list[dict]:
+    """TRL conversational rows of the arithmetic task (gapo.arithmetic.make_splits at its seed 0, so that every run
+    trains on the same pool and is scored on the same held-out prompts, `eval_prompts` per bucket, drawn apart from
+    training): prompt, data_source, ground_truth, extra_info, bucket. The run's seed orders the training rows (TRL's
+    data_seed)."""
+    from gapo.arithmetic import make_splits
+
+    rows = make_splits(n_train=settings.n_train, n_heldout_per_bucket=settings.eval_prompts, n_transfer_per_bucket=0,
+                       seed=0)[split]
+    return [{"prompt": row["prompt"], "data_source": row["data_source"],
+             "ground_truth": row["reward_model"]["ground_truth"], "extra_info": row["extra_info"],
+             "bucket": row["extra_info"]["bucket"]} for row in rows]
+
+
 def trl_args(spec: RunSpec, out: Path, settings: StudySettings):
     """GAPOTRLConfig of a run: sequence level (the GSPO surrogate, the paper's main variant), mean-centred advantages
     (scale_rewards none), the method's clip."""
@@ -147,14 +180,62 @@ def trl_args(spec: RunSpec, out: Path, settings: StudySettings):
         exploration={"entrance_tokens": 1}, disable_tqdm=True, log_level="warning")
 
 
+# sequences per generate call of the arithmetic task's held-out sampling: the real model's per-token cost is paid once
+# per call, not per prompt (recipe.learn's evaluation batches the same way)
+EVAL_BATCH = 64
+
+
+def _samples_per_prompt(model, tokenizer, texts: list[str], settings: StudySettings) -> list[list[str]]:
+    """`eval_samples` completions of each prompt text, one generate call per prompt (the tiny model's study: its
+    random draws, and so its published numbers, depend on this order)."""
+    out = []
+    for text in texts:
+        ids = tokenizer(text, return_tensors="pt")
+        tokens = model.generate(**ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                max_new_tokens=settings.max_completion_length,
+                                num_return_sequences=settings.eval_samples, pad_token_id=tokenizer.pad_token_id)
+        out.append(tokenizer.batch_decode(tokens[:, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+    return out
+
+
+def _samples_batched(model, tokenizer, texts: list[str], settings: StudySettings) -> list[list[str]]:
+    """`eval_samples` completions of each prompt text, EVAL_BATCH sequences per generate call (left padding)."""
+    per_call = max(1, EVAL_BATCH // settings.eval_samples)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    out = []
+    try:
+        for first in range(0, len(texts), per_call):
+            ids = tokenizer(texts[first:first + per_call], return_tensors="pt", padding=True)
+            tokens = model.generate(**ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                    max_new_tokens=settings.max_completion_length,
+                                    num_return_sequences=settings.eval_samples, pad_token_id=tokenizer.pad_token_id)
+            decoded = tokenizer.batch_decode(tokens[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+            out += [decoded[i:i + settings.eval_samples] for i in range(0, len(decoded), settings.eval_samples)]
+    finally:
+        tokenizer.padding_side = side
+    return out
+
+
+def _correct(task: str, row: dict, sample: str) -> bool:
+    """Whether a held-out sample is paid: the smoke task's score, or the arithmetic task's training reward."""
+    if task == "smoke":
+        from gapo.smoke.task import compute_score
+
+        return compute_score("gapo_smoke", sample, row["allowed"])["score"] > 0
+    from gapo.rewards import compute_score
+
+    return compute_score(row["data_source"], sample, row["ground_truth"], row["extra_info"])["score"] > 0
+
+
 def heldout_callback(rows: list[dict], tokenizer, steps: list[int], settings: StudySettings, seed: int, path: Path):
     """A TrainerCallback writing one `heldout.jsonl` line per bucket at each step of `steps` (module docstring)."""
     import torch
     from transformers import TrainerCallback
 
-    from gapo.smoke.task import compute_score, first_visible_char
+    from gapo.smoke.task import first_visible_char
 
     texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in rows]
+    sample = _samples_per_prompt if settings.task == "smoke" else _samples_batched
 
     def evaluate(model, step: int) -> None:
         was_training = model.training
@@ -162,18 +243,11 @@ def heldout_callback(rows: list[dict], tokenizer, steps: list[int], settings: St
         per_bucket: dict[str, dict] = {}
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed * 100_003 + step)
-            for row, text in zip(rows, texts):
-                ids = tokenizer(text, return_tensors="pt")
-                out = model.generate(**ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                     max_new_tokens=settings.max_completion_length,
-                                     num_return_sequences=settings.eval_samples,
-                                     pad_token_id=tokenizer.pad_token_id)
-                samples = tokenizer.batch_decode(out[:, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-                correct = sum(compute_score("gapo_smoke", s, row["allowed"])["score"] > 0 for s in samples)
-                distinct = len({first_visible_char(s) for s in samples})
-                entry = per_bucket.setdefault(row["bucket"], {"correct": [], "distinct": []})
-                entry["correct"].append(int(correct))
-                entry["distinct"].append(distinct)
+            samples = sample(model, tokenizer, texts, settings)
+        for row, drawn in zip(rows, samples):
+            entry = per_bucket.setdefault(row["bucket"], {"correct": [], "distinct": []})
+            entry["correct"].append(int(sum(_correct(settings.task, row, s) for s in drawn)))
+            entry["distinct"].append(len({first_visible_char(s) for s in drawn}))
         if was_training:
             model.train()
         with path.open("a") as f:
@@ -201,20 +275,28 @@ def run_one(spec: RunSpec, out: Path, model_dir: Path, settings: StudySettings) 
     from transformers import AutoTokenizer, PrinterCallback
 
     from gapo.integrations.trl import GAPOGRPOTrainer, MetricsFileCallback
+    from recipe.learn_trl import task_reward
     from recipe.trl_smoke import smoke_reward
 
     settings.validate()
+    if spec.regime not in task_regimes(settings.task):
+        raise ValueError(f"regime {spec.regime!r} is not one of task {settings.task!r}'s: "
+                         f"{', '.join(task_regimes(settings.task))}")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     torch.set_num_threads(settings.threads)
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    train = prompt_rows(spec.regime, settings.n_train, "train", spec.seed, settings.skew)
-    heldout = prompt_rows(spec.regime, settings.eval_prompts, "val", 0, settings.skew)
+    if settings.task == "smoke":
+        train = prompt_rows(spec.regime, settings.n_train, "train", spec.seed, settings.skew)
+        heldout = prompt_rows(spec.regime, settings.eval_prompts, "val", 0, settings.skew)
+        reward = smoke_reward
+    else:
+        train, heldout, reward = arith_rows("train", settings), arith_rows("heldout", settings), task_reward
     callbacks = [MetricsFileCallback(out / "metrics.jsonl"),
                  heldout_callback(heldout, tokenizer, eval_steps(settings), settings, spec.seed, out / "heldout.jsonl")]
-    trainer = GAPOGRPOTrainer(model=str(model_dir), reward_funcs=smoke_reward, args=trl_args(spec, out, settings),
+    trainer = GAPOGRPOTrainer(model=str(model_dir), reward_funcs=reward, args=trl_args(spec, out, settings),
                               train_dataset=Dataset.from_list(train), processing_class=tokenizer, callbacks=callbacks)
     trainer.remove_callback(PrinterCallback)  # TRL would print every log line; they are in metrics.jsonl
     trainer.train()

@@ -1,0 +1,53 @@
+"""The exploration study on a real policy (`make study-explore TASK=arithmetic`): its pre-registered design.
+
+SmolLM2-135M-Instruct (`gapo.real_model`, the model of `make learn`) on `gapo.arithmetic`'s task (buckets add1, sub1,
+mul1 and the hard tail add2, two-digit addition), trained through TRL's GRPOTrainer with GAPO's loss on CPU at the
+learning run's settings (recipe.learn_trl.LEARN_SETTINGS: sequence level, eps_low 3e-3, eps_high_max 5e-3, lr 1e-5,
+4 prompts x 8 completions per generation feeding 2 optimizer steps, 16 new tokens). The three methods of the tiny-model
+study (recipe.studies.explore_run.METHODS). The questions are the tiny study's, asked where a prior exists:
+
+- diagnosis: under the fixed symmetric clip, are successes of rare-success groups (c = 1-2 of 8) clipped more often
+  than those of common-success groups (c = 6-7)? The paper's mechanism; a random model cannot show it.
+- effect: does GAPO raise held-out pass@1 on the hard bucket (add2) over the fixed clip-higher?
+
+Everything here is fixed before the study runs (docs/studies.md, "A real policy"); recipe.studies.explore_report
+computes the report from the runs' files. This module holds constants only (both the runner and the report read it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gapo.arithmetic import BUCKETS, HARD_BUCKET
+from recipe.studies.explore_run import StudySettings
+
+TASK = "arithmetic"
+REGIME = "arith"
+# The real study's settings: the learning run's, held-out 16 prompts per bucket (64, drawn apart from training by
+# gapo.arithmetic.make_splits) x 8 samples before training and after the last step. 16 steps (8 generations) per run:
+# the pilot measured ~4 minutes a run at 2 runs at once, so 3 methods x 8 seeds fit the 2 hours the study may take.
+SETTINGS = replace(StudySettings(), task=TASK, steps=16, k=8, prompts_per_generation=4, steps_per_generation=2,
+                   learning_rate=1e-5, eps_low=3e-3, eps_high_max=5e-3, max_completion_length=16, eval_every=16,
+                   eval_prompts=16, eval_samples=8, n_train=256)
+# Seeds: the issue's floor of 8, or more where the pilot's power calculation asks for more within the budget
+# (MAX_SEEDS). The pilot's seeds are disjoint from the study's.
+MIN_SEEDS = 8
+MAX_SEEDS = 8
+SEEDS = tuple(range(1, MIN_SEEDS + 1))
+PILOT_SEEDS = (101, 102, 103)
+PILOT_LEARNING_RATES = (SETTINGS.learning_rate,)  # the learning run's pilot chose it (docs/learn.md)
+# The smallest true difference worth detecting (held-out pass@1 and clip fraction, both fractions).
+MEANINGFUL = 0.05
+PRIMARY = {
+    "diagnosis": {"regime": REGIME, "metric": "clip_gap", "a": "gspo_symmetric", "b": None,
+                  "text": "clip fraction of successes at small c (1-2) minus at large c (6-7), over training, under the "
+                          "fixed symmetric clip"},
+    "effect": {"regime": REGIME, "metric": f"pass1/{HARD_BUCKET}", "a": "gapo_linear", "b": "gspo_clip_higher",
+               "text": f"held-out pass@1 on the hard bucket ({HARD_BUCKET}) after the last step, GAPO minus the fixed "
+                       "clip-higher"},
+}
+# CI's reduced mode: every method, 2 seeds, 2 steps (one generation), 2 held-out prompts per bucket x 8 samples.
+REDUCED = {"seeds": (1, 2), "settings": {"steps": 2, "eval_every": 2, "eval_prompts": 2, "n_train": 16}}
+EFFECT_METRICS = (*(f"pass1/{b}" for b in BUCKETS), "pass1/all", f"pass8/{HARD_BUCKET}", "pass8/all",
+                  f"coverage/{HARD_BUCKET}", "distinct/all", "entropy_success", "entropy_failure", "mixed_frac",
+                  "reward")
