@@ -23,12 +23,14 @@ from recipe.studies.explore_run import StudySettings
 
 TASK = "arithmetic"
 REGIME = "arith"
-# The real study's settings: the learning run's, held-out 16 prompts per bucket (64, drawn apart from training by
-# gapo.arithmetic.make_splits) x 8 samples before training and after the last step. 16 steps (8 generations) per run:
-# the pilot measured ~4 minutes a run at 2 runs at once, so 3 methods x 8 seeds fit the 2 hours the study may take.
-SETTINGS = replace(StudySettings(), task=TASK, steps=16, k=8, prompts_per_generation=4, steps_per_generation=2,
-                   learning_rate=1e-5, eps_low=3e-3, eps_high_max=5e-3, max_completion_length=16, eval_every=16,
-                   eval_prompts=16, eval_samples=8, n_train=256)
+# The real study's settings: the learning run's, held-out 12 prompts per bucket (48, drawn apart from training by
+# gapo.arithmetic.make_splits) x 8 samples before training and after the last step, 14 steps (7 generations) a run.
+# Measured with 2 runs at once on 2 cores (one thread each): a generation and its 2 optimizer steps ~47 s, one held-out
+# evaluation of 64 prompts x 8 samples ~2 minutes; so a run of 8 generations and 64 held-out prompts took ~10.5 minutes
+# and 3 methods x 8 seeds would not fit the 2 hours the study may take; these settings: ~9 minutes a run, ~105 minutes.
+SETTINGS = replace(StudySettings(), task=TASK, steps=14, k=8, prompts_per_generation=4, steps_per_generation=2,
+                   learning_rate=1e-5, eps_low=3e-3, eps_high_max=5e-3, max_completion_length=16, eval_every=14,
+                   eval_prompts=12, eval_samples=8, n_train=256)
 # Seeds: the floor of 8, or more where the pilot's power calculation asks for more within the budget
 # (MAX_SEEDS). The pilot's seeds are disjoint from the study's.
 MIN_SEEDS = 8
