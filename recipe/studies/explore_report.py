@@ -471,7 +471,7 @@ def pilot_result(lr_dirs: dict[float, Path], seeds, settings: StudySettings, cho
             "rule": f"the smallest learning rate at which some method's hard-bucket held-out pass@1 rose from step 0 "
                     f"by at least {MEANINGFUL} with its interval above 0; seeds = max({min_seeds}, the most any "
                     f"primary outcome needs to detect {MEANINGFUL} with 80% power at its pilot sd), at most "
-                    f"{max_seeds} (the hour's budget)"}
+                    f"{max_seeds} (what the study's time budget allows)"}
 
 
 def write_pilot(out: Path, lr_dirs: dict[float, Path], seeds, settings: StudySettings, wall_s,
