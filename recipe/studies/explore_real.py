@@ -2,8 +2,9 @@
 
 SmolLM2-135M-Instruct (`gapo.real_model`, the model of `make learn`) on `gapo.arithmetic`'s task (buckets add1, sub1,
 mul1 and the hard tail add2, two-digit addition), trained through TRL's GRPOTrainer with GAPO's loss on CPU at the
-learning run's settings (recipe.learn_trl.LEARN_SETTINGS: sequence level, eps_low 3e-3, eps_high_max 5e-3, lr 1e-5,
-4 prompts x 8 completions per generation feeding 2 optimizer steps, 16 new tokens). The three methods of the tiny-model
+learning run's settings (recipe.learn_trl.LEARN_SETTINGS: sequence level, lr 1e-5, 4 prompts x 8 completions per
+generation feeding 2 optimizer steps, 16 new tokens) but the tiny study's clips (eps_low 0.02, eps_high_max 0.05; see
+SETTINGS for why). The three methods of the tiny-model
 study (recipe.studies.explore_run.METHODS). The questions are the tiny study's, asked where a prior exists:
 
 - diagnosis: under the fixed symmetric clip, are successes of rare-success groups (c = 1-2 of 8) clipped more often
@@ -28,8 +29,13 @@ REGIME = "arith"
 # Measured with 2 runs at once on 2 cores (one thread each): a generation and its 2 optimizer steps ~47 s, one held-out
 # evaluation of 64 prompts x 8 samples ~2 minutes; so a run of 8 generations and 64 held-out prompts took ~10.5 minutes
 # and 3 methods x 8 seeds would not fit the 2 hours the study may take; these settings: ~9 minutes a run, ~105 minutes.
+# The clips: the tiny study's (eps_low 0.02, eps_high_max 0.05), not the learning run's 3e-3 / 5e-3. The first pilot
+# (seed 101 at 3e-3 / 5e-3, runs/study-explore-real-pilot-clips3e-3) clipped every success of every off-policy step
+# under both fixed clips (clip fraction 1.0 there at every c; the two runs were identical, step for step), with
+# |ratio - 1| before clipping 0.017-0.088 at c = 1 and 0.012-0.014 at c = 6: a clip that binds on everything cannot
+# show which successes it cuts, nor give any headroom. 0.02 / 0.05 lies inside that range.
 SETTINGS = replace(StudySettings(), task=TASK, steps=14, k=8, prompts_per_generation=4, steps_per_generation=2,
-                   learning_rate=1e-5, eps_low=3e-3, eps_high_max=5e-3, max_completion_length=16, eval_every=14,
+                   learning_rate=1e-5, eps_low=0.02, eps_high_max=0.05, max_completion_length=16, eval_every=14,
                    eval_prompts=12, eval_samples=8, n_train=256)
 # Seeds: the issue's floor of 8, or more where the pilot's power calculation asks for more within the budget
 # (MAX_SEEDS). The pilot's seeds are disjoint from the study's.
