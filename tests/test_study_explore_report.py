@@ -285,7 +285,10 @@ def write_real_run(out, spec, settings=REAL):
     lines = []
     for step in (0, settings.steps):
         for bucket in REAL_BUCKETS:
-            correct = (REAL_ADD2[spec.method][i] if step else [0, 1]) if bucket == "add2" else [4, 6] if step else [2, 2]
+            if bucket == "add2":
+                correct = REAL_ADD2[spec.method][i] if step else [0, 1]
+            else:
+                correct = [4, 6] if step else [2, 2]
             lines.append({"step": step, "bucket": bucket, "n": 8, "correct": correct, "distinct": [2, 3]})
     (folder / "heldout.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     symmetric = spec.method == "gspo_symmetric"

@@ -275,7 +275,8 @@ def _train_and_report(args, out: Path, run_specs: list[RunSpec], settings: Study
             wall["all"] = run_all(out, run_specs, settings, args.jobs)
         elif not any(is_done(run_dir(out, s), settings) for s in run_specs):
             other = next((d for d in (settings_differ(run_dir(out, s), settings) for s in run_specs) if d), None)
-            tasks = [t for t in TASKS if t != settings.task and any((out / "runs" / r).is_dir() for r in task_regimes(t))]
+            tasks = [t for t in TASKS if t != settings.task
+                     and any((out / "runs" / r).is_dir() for r in task_regimes(t))]
             parser().error(f"--report-only: none of the {len(run_specs)} runs under {out / 'runs'} finished with these "
                            "settings" + (f"; runs there were trained with other settings ({'; '.join(other)}): pass "
                                          "the same --steps / --lr / --skew / --reduced" if other else "")

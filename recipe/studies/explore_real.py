@@ -48,7 +48,8 @@ PILOT_LEARNING_RATES = (SETTINGS.learning_rate,)  # the learning run's pilot cho
 MEANINGFUL = 0.05
 PRIMARY = {
     "diagnosis": {"regime": REGIME, "metric": "clip_gap", "a": "gspo_symmetric", "b": None,
-                  "text": "clip fraction of successes at small c (1-2) minus at large c (6-7), over training, under the "
+                  "text": "clip fraction of successes at small c (1-2) minus at large c (6-7), over training, "
+                          "under the "
                           "fixed symmetric clip"},
     "effect": {"regime": REGIME, "metric": f"pass1/{HARD_BUCKET}", "a": "gapo_linear", "b": "gspo_clip_higher",
                "text": f"held-out pass@1 on the hard bucket ({HARD_BUCKET}) after the last step, GAPO minus the fixed "

@@ -557,7 +557,8 @@ def write_real_report(out: Path, seeds, settings: StudySettings, mode: str, wall
               "tables": {"diagnosis": block(found, regime, DIAGNOSIS_METRICS), "per_c": block(found, regime, per_c),
                          "effect": block(found, regime, (*explore_real.EFFECT_METRICS, "pass1_change/all"))},
               "heldout_over_training": {
-                  bucket: {m: {str(step): r for step, r in over_training(out, found, settings, regime, m, bucket).items()}
+                  bucket: {m: {str(step): r for step, r in
+                               over_training(out, found, settings, regime, m, bucket).items()}
                            for m in METHODS} for bucket in (*task_regimes(settings.task)[regime], "all")},
               "runs": {r: {m: {str(s): o for s, o in by.items()} for m, by in ms.items()} for r, ms in found.items()}}
     result["findings"] = real_findings(result)
@@ -572,7 +573,8 @@ def write_real_report(out: Path, seeds, settings: StudySettings, mode: str, wall
     lines += ["", "## Held-out pass@1 before and after", ""]
     for bucket, by_method in result["heldout_over_training"].items():
         steps = sorted({int(step) for by_step in by_method.values() for step in by_step})
-        lines += [f"| {bucket} | " + " | ".join(f"step {step}" for step in steps) + " |", "|---" * (len(steps) + 1) + "|"]
+        lines += [f"| {bucket} | " + " | ".join(f"step {step}" for step in steps) + " |",
+                  "|---" * (len(steps) + 1) + "|"]
         lines += [f"| {LABEL[m]} | " + " | ".join(fmt_interval(by_step.get(str(step))) for step in steps) + " |"
                   for m, by_step in by_method.items()]
         lines.append("")
