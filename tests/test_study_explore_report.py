@@ -81,6 +81,9 @@ def test_clip_numbers_average_within_a_step_then_over_steps():
     assert n["dev_small"] == pytest.approx(0.3) and n["dev_large"] == pytest.approx(0.15)
     assert n["corr"] == pytest.approx(0.2)
     assert clip_numbers({1: {"gapo/clipfrac_pos/c1": 0.4}})["clip_gap"] is None  # no large-c success: no gap
+    # the real design's large band (c = 4-7): step 3's c = 4 joins it -> (0.1 + 0.3 + 0.9) / 3
+    real = clip_numbers(metrics, ((1, 2), (4, 5, 6, 7)))
+    assert real["clip_large"] == pytest.approx(1.3 / 3) and real["clip_small"] == pytest.approx(n["clip_small"])
 
 
 def test_live_numbers_read_the_last_quarter():
@@ -277,8 +280,8 @@ REAL_ADD2 = {"gapo_linear": [[2, 1], [1, 1], [3, 2]], "gspo_clip_higher": [[1, 0
 
 
 def write_real_run(out, spec, settings=REAL):
-    """A finished real-study run: held-out at steps 0 and 4 for the four buckets, clip diagnostics at c = 1, 2, 6, 7
-    that differ by method and seed."""
+    """A finished real-study run: held-out at steps 0 and 4 for the four buckets, clip diagnostics at c = 1, 2, 4, 6, 7
+    that differ by method and seed (c = 4 is in the real design's large band, not in the tiny study's)."""
     folder = run_dir(out, spec)
     folder.mkdir(parents=True)
     i = spec.seed - 1
@@ -292,11 +295,12 @@ def write_real_run(out, spec, settings=REAL):
             lines.append({"step": step, "bucket": bucket, "n": 8, "correct": correct, "distinct": [2, 3]})
     (folder / "heldout.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     symmetric = spec.method == "gspo_symmetric"
-    # c = 1 clipped 0.3 + 0.1 i under the symmetric clip (0.1 otherwise), c = 2 0.2, c = 6 and 7 0.05
+    # c = 1 clipped 0.3 + 0.1 i under the symmetric clip (0.1 otherwise), c = 2 0.2, c = 4 0.35, c = 6 and 7 0.05
     metrics = [{"step": 1, "data": {"gapo/clipfrac_pos/c1": 0.3 + 0.1 * i if symmetric else 0.1,
                                     "gapo/ratio_dev_pos/c1": 0.004, "gapo/clipfrac_pos/c6": 0.05,
                                     "gapo/ratio_dev_pos/c6": 0.001}},
-               {"step": 2, "data": {"gapo/clipfrac_pos/c2": 0.2, "gapo/clipfrac_pos/c7": 0.05, "reward": 0.4}}]
+               {"step": 2, "data": {"gapo/clipfrac_pos/c2": 0.2, "gapo/clipfrac_pos/c4": 0.35,
+                                    "gapo/clipfrac_pos/c7": 0.05, "reward": 0.4}}]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (folder / "done.json").write_text(json.dumps({"settings": asdict(settings)}))
 
@@ -316,6 +320,9 @@ def test_the_real_design_is_the_learning_runs_settings_on_the_arithmetic_buckets
     run_specs = explore.specs(chosen.seeds, task="arithmetic")
     assert {sp.regime for sp in run_specs} == {"arith"} and len(run_specs) == 3 * len(chosen.seeds)
     assert explore_real.PRIMARY["effect"]["metric"] == "pass1/add2"
+    # the diagnosis's bands: rare (c <= k/4) against half or more (c >= k/2); the tiny study keeps c = 6-7
+    assert chosen.bands == ((1, 2), (4, 5, 6, 7)) and explore.design("smoke").bands == ((1, 2), (6, 7))
+    assert "(4-7)" in explore_real.PRIMARY["diagnosis"]["text"]
     with pytest.raises(ValueError, match="unknown task 'chess'"):
         explore.design("chess")
     with pytest.raises(ValueError, match="task must be one of smoke, arithmetic, got 'chess'"):
@@ -360,10 +367,14 @@ def test_real_report_numbers_from_constructed_runs(tmp_path):
     assert (effect["n"], effect["mean"], effect["sd"]) == pytest.approx((3, mean, sd))
     assert effect["low"] == pytest.approx(mean - T975_2 * sd / math.sqrt(3))
     # diagnosis under the symmetric clip: small c mean of (c1, c2) per step -> step 1 c1 (0.3, 0.4, 0.5), step 2 0.2;
-    # large: 0.05 at both steps
+    # large, the real design's c = 4-7: step 1 c6 0.05, step 2 mean of c4 0.35 and c7 0.05 = 0.2 -> 0.125 (the tiny
+    # study's c = 6-7 would give 0.05)
     diagnosis = report["primary"]["diagnosis"]["result"]
-    assert diagnosis["mean"] == pytest.approx((0.25 + 0.3 + 0.35) / 3 - 0.05)
+    assert diagnosis["mean"] == pytest.approx((0.25 + 0.3 + 0.35) / 3 - 0.125)
     assert diagnosis["sd"] == pytest.approx(0.05)
+    assert report["tables"]["diagnosis"]["clip_large"]["methods"]["gapo_linear"]["mean"] == pytest.approx(0.125)
+    assert any(line.startswith("Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes "
+                               "at c = 1-2 minus that at c = 4-7 was ") for line in report["findings"])
     # per c: the symmetric clip's c = 1 clip fraction across seeds, and GAPO minus it paired by seed
     per_c = report["tables"]["per_c"]
     assert per_c["clip_c1"]["methods"]["gspo_symmetric"]["mean"] == pytest.approx(0.4)

@@ -44,6 +44,9 @@ MAX_SEEDS = 24
 # The smallest true difference worth detecting, in the primary outcomes' units (held-out pass@1 and clip fraction,
 # both fractions): 0.05, about two thirds of the hard bucket's base pass@1 (~0.07).
 MEANINGFUL = 0.05
+# The diagnosis's bands of success counts c (of k = 8): rare successes (SMALL_C) against common ones (LARGE_C).
+SMALL_C = (1, 2)
+LARGE_C = (6, 7)
 # The pre-registered primary outcome of each question (docs/studies.md): the regime, the metric (a per-run number,
 # `recipe.studies.explore_report.run_outcomes`), and either a paired difference of two methods at the same seed
 # (`a` - `b`) or one method's value against 0.
@@ -80,17 +83,19 @@ class Design:
     reduced: dict
     hard: tuple[str, str]
     out: str
+    bands: tuple[tuple[int, ...], tuple[int, ...]]  # the diagnosis's (small c, large c), clip_small / clip_large
 
 
 def design(task: str = "smoke") -> Design:
     """The study of a task (TASKS): `smoke` (the constants above) or `arithmetic` (recipe.studies.explore_real)."""
     if task == "smoke":
         return Design(task, StudySettings(), SEEDS, PILOT_SEEDS, PILOT_LEARNING_RATES, MIN_SEEDS, MAX_SEEDS, MEANINGFUL,
-                      PRIMARY, REDUCED, ("tail", "hard"), "runs/study-explore")
+                      PRIMARY, REDUCED, ("tail", "hard"), "runs/study-explore", (SMALL_C, LARGE_C))
     if task == "arithmetic":
         r = explore_real
         return Design(task, r.SETTINGS, r.SEEDS, r.PILOT_SEEDS, r.PILOT_LEARNING_RATES, r.MIN_SEEDS, r.MAX_SEEDS,
-                      r.MEANINGFUL, r.PRIMARY, r.REDUCED, (r.REGIME, r.HARD_BUCKET), "runs/study-explore-real")
+                      r.MEANINGFUL, r.PRIMARY, r.REDUCED, (r.REGIME, r.HARD_BUCKET), "runs/study-explore-real",
+                      (r.SMALL_C, r.LARGE_C))
     raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASKS)}")
 
 

@@ -8,7 +8,8 @@ Per run (`run_outcomes`), with n held-out samples per prompt and c_i of them cor
   c_i / n above 5%; distinct = mean_i of the number of distinct first visible characters among the n samples (the
   held-out entrance); pass1_change = pass1 - pass1@0; worst_drop = min over evaluated steps of pass1 - pass1@0;
 - the clip diagnosis, over all training steps: clip_small = mean over the steps that logged a success with c in
-  SMALL_C of the mean of `gapo/clipfrac_pos/c{c}` over those c; clip_large the same over LARGE_C; clip_gap =
+  the design's small band (`Design.bands`: c = 1-2 in both tasks) of the mean of `gapo/clipfrac_pos/c{c}` over those
+  c; clip_large the same over its large band (c = 6-7 in the tiny study, 4-7 on the real policy); clip_gap =
   clip_small - clip_large; dev_small, dev_large, dev_gap the same of `gapo/ratio_dev_pos/c{c}` (mean |ratio - 1|
   before clipping); corr = mean of `gapo/is_adv_corr` over the steps that logged it;
 - live (the exploration instruments during training), mean over the last quarter of the steps (step > 3/4 of
@@ -27,14 +28,12 @@ from pathlib import Path
 
 from recipe.studies import stats
 from recipe.studies import explore_real
-from recipe.studies.explore import MEANINGFUL, PRIMARY, Design, design, run_dir
+from recipe.studies.explore import LARGE_C, MEANINGFUL, PRIMARY, SMALL_C, Design, design, run_dir
 from recipe.studies.explore_run import METHODS, REGIMES, RunSpec, StudySettings, eval_steps, task_regimes
 
 ENGINE = ("TRL's GRPOTrainer with GAPO's loss (gapo.integrations.trl) on CPU; its loss, gradient and per-c clip "
           "diagnostics equal the verl plug-in's on a shared batch for each method as configured here "
           "(tests/trl_integration/test_study_explore.py)")
-SMALL_C = (1, 2)
-LARGE_C = (6, 7)
 PER_C = tuple(range(1, 8))  # the success counts of a mixed group of 8
 PASS_K = 8
 COVERAGE_ABOVE = 0.05
@@ -89,20 +88,26 @@ def _heldout(name, ns, correct, distinct, mean_pass_at_k) -> dict[str, float]:
             f"distinct/{name}": sum(distinct) / len(distinct)}
 
 
+def band_text(levels) -> str:
+    """A band of success counts as the report writes it: (1, 2) -> "1-2", (4,) -> "4"."""
+    return f"{levels[0]}-{levels[-1]}" if len(levels) > 1 else f"{levels[0]}"
+
+
 def _mean(values) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
 
-def clip_numbers(metrics: dict[int, dict[str, float]]) -> dict[str, float | None]:
-    """clip_small/large/gap, dev_small/large/gap, corr over all steps (module docstring), and per success count c:
-    clip_c<c>, dev_c<c>, the mean over the steps that logged a success with that c (PER_C)."""
+def clip_numbers(metrics: dict[int, dict[str, float]], bands=(SMALL_C, LARGE_C)) -> dict[str, float | None]:
+    """clip_small/large/gap, dev_small/large/gap, corr over all steps (module docstring), with bands = (the small c,
+    the large c) of the task's design; and per success count c: clip_c<c>, dev_c<c>, the mean over the steps that
+    logged a success with that c (PER_C)."""
     out: dict[str, float | None] = {}
     for c in PER_C:
         out[f"clip_c{c}"] = _mean(row.get(f"{CLIPFRAC}{c}") for row in metrics.values())
         out[f"dev_c{c}"] = _mean(row.get(f"{RATIO_DEV}{c}") for row in metrics.values())
     for name, prefix in (("clip", CLIPFRAC), ("dev", RATIO_DEV)):
-        for size, levels in (("small", SMALL_C), ("large", LARGE_C)):
+        for size, levels in zip(("small", "large"), bands):
             out[f"{name}_{size}"] = _mean(_mean(row.get(f"{prefix}{c}") for c in levels) for row in metrics.values())
         small, large = out[f"{name}_small"], out[f"{name}_large"]
         out[f"{name}_gap"] = None if small is None or large is None else small - large
@@ -137,7 +142,7 @@ def run_outcomes(path: Path, settings: StudySettings) -> dict[str, float | None]
             out[key.replace("pass1/", "worst_drop/")] = min(heldout_numbers(heldout[s])[key] - start[key]
                                                             for s in sorted(heldout))
     metrics = read_file_logger(path / "metrics.jsonl")
-    out.update(clip_numbers(metrics))
+    out.update(clip_numbers(metrics, design(settings.task).bands))
     out.update(live_numbers(metrics, settings.steps))
     return out
 
@@ -293,8 +298,9 @@ def findings(result: dict) -> list[str]:
     prim, tab = result["primary"], result["tables"]
     d = prim["diagnosis"]["result"]
     if d is not None:
-        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = 1-2 "
-                     f"minus that at c = 6-7 was {fmt_interval(d)}: {prim['diagnosis']['verdict']}.")
+        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = "
+                     f"{band_text(SMALL_C)} minus that at c = {band_text(LARGE_C)} was {fmt_interval(d)}: "
+                     f"{prim['diagnosis']['verdict']}.")
     dev = tab["diagnosis"]["dev_gap"]["methods"]
     for method in ("gspo_symmetric", "gspo_clip_higher"):
         if dev[method] is not None:
@@ -520,8 +526,10 @@ def real_findings(result: dict) -> list[str]:
     prim, tab = result["primary"], result["tables"]
     d = prim["diagnosis"]["result"]
     if d is not None:
-        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = 1-2 "
-                     f"minus that at c = 6-7 was {fmt_interval(d)}: {prim['diagnosis']['verdict']}.")
+        small, large = design(explore_real.TASK).bands
+        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = "
+                     f"{band_text(small)} minus that at c = {band_text(large)} was {fmt_interval(d)}: "
+                     f"{prim['diagnosis']['verdict']}.")
     dev = tab["diagnosis"]["dev_gap"]["methods"]
     for method in ("gspo_symmetric", "gspo_clip_higher"):
         if dev[method] is not None:
