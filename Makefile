@@ -189,26 +189,36 @@ E2E_TESTS := tests/test_trainer_e2e.py tests/test_cluster_e2e.py tests/test_kill
 	tests/test_eval_cli.py tests/test_eval_smoke.py tests/test_cluster_nodes.py tests/test_launch.py tests/test_vigor_e2e.py \
 	tests/test_real_model_e2e.py
 
+# Each side stream's pytest output also goes to $(TEST_LOGS)/<stream>.log; a stream that fails has its failed tests
+# (pytest's short summary lines) printed again after the default suite's, so that the end of the output names them.
+TEST_LOGS := .test-logs
+stream_failed = echo "ERROR: $(2) failed (lines marked [$(1)] above; its log: $(TEST_LOGS)/$(1).log); its failures:"; \
+	grep -E '^(FAILED|ERROR) ' $(TEST_LOGS)/$(1).log 2>/dev/null | cut -c1-400 | head -12 | sed 's/^/  [$(1)] /'
+
 test: system-deps
+	@mkdir -p $(TEST_LOGS)
 	@echo "tests/vllm, tests/trl_integration and the end-to-end modules run beside the default suite (install logs: $(VLLM_VENV).install.log, $(TRL_VENV).install.log)"
 	@( if ! $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).install.log 2>&1; then \
 	     tail -40 $(VLLM_VENV).install.log; echo "ERROR: make install-vllm failed (log: $(VLLM_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | sed -u 's/^/[vllm] /'; exit $${PIPESTATUS[0]} \
+	   $(VLLM_PY) -m pytest tests/vllm -v --durations=10 2>&1 | tee $(TEST_LOGS)/vllm.log | sed -u 's/^/[vllm] /'; \
+	   exit $${PIPESTATUS[0]} \
 	 ) & vllm=$$!; \
 	$(MAKE) --no-print-directory install || { wait $$vllm; exit 1; }; \
-	( $(PY) -m pytest $(E2E_TESTS) -v --durations=10 2>&1 | sed -u 's/^/[e2e] /'; exit $${PIPESTATUS[0]} \
+	( $(PY) -m pytest $(E2E_TESTS) -v --durations=10 2>&1 | tee $(TEST_LOGS)/e2e.log | sed -u 's/^/[e2e] /'; \
+	  exit $${PIPESTATUS[0]} \
 	 ) & e2e=$$!; \
 	( if ! $(MAKE) --no-print-directory install-trl > $(TRL_VENV).install.log 2>&1; then \
 	     tail -40 $(TRL_VENV).install.log; echo "ERROR: make install-trl failed (log: $(TRL_VENV).install.log)"; \
 	     exit 1; fi; \
-	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | sed -u 's/^/[trl] /'; exit $${PIPESTATUS[0]} \
+	   $(TRL_PY) -m pytest tests/trl_integration -v --durations=5 2>&1 | tee $(TEST_LOGS)/trl.log | sed -u 's/^/[trl] /'; \
+	   exit $${PIPESTATUS[0]} \
 	 ) & trl=$$!; \
 	$(PY) -m pytest tests --ignore=tests/vllm --ignore=tests/trl_integration $(E2E_TESTS:%=--ignore=%) -v \
 	  --durations=30; status=$$?; \
-	wait $$e2e || { echo "ERROR: the end-to-end modules failed (lines marked [e2e] above)"; status=1; }; \
-	wait $$vllm || { echo "ERROR: tests/vllm failed (lines marked [vllm] above)"; status=1; }; \
-	wait $$trl || { echo "ERROR: tests/trl_integration failed (lines marked [trl] above)"; status=1; }; \
+	wait $$e2e || { $(call stream_failed,e2e,the end-to-end modules); status=1; }; \
+	wait $$vllm || { $(call stream_failed,vllm,tests/vllm); status=1; }; \
+	wait $$trl || { $(call stream_failed,trl,tests/trl_integration); status=1; }; \
 	exit $$status
 
 # tests/vllm only (verl's vLLM rollout and the evaluation's vLLM backend, on CPU)
