@@ -61,3 +61,19 @@ def test_gpu_extra_resolves_to_verls_gpu_stack(tmp_path):
     assert resolved["verl"] == "0.9.1" and resolved["vllm"] == "0.24.0" and resolved["torch"] == "2.11.0", resolved
     major, minor = (int(x) for x in resolved["transformers"].split(".")[:2])
     assert (major, minor) < (5, 11)  # the project's own cap, satisfied together with vllm's
+
+
+def test_a_failed_side_stream_names_its_failed_tests_at_the_end(tmp_path):
+    # make test's stream_failed, run from the Makefile itself on a constructed stream log: the short summary lines
+    # (and only those: a -v progress line "... FAILED [ 5%]" and the passing tests are not repeated), prefixed
+    (tmp_path / ".test-logs").mkdir()
+    (tmp_path / ".test-logs" / "vllm.log").write_text(
+        "tests/vllm/test_a.py::test_b FAILED [ 5%]\ntests/vllm/test_a.py::test_ok PASSED [ 10%]\n"
+        "FAILED tests/vllm/test_a.py::test_b - AssertionError: boom\nERROR tests/vllm/test_c.py::test_d - OSError\n")
+    (tmp_path / "mk").write_text(f"include {ROOT / 'Makefile'}\nshow:\n"
+                                 "\t@false || { $(call stream_failed,vllm,tests/vllm); }\n")
+    out = subprocess.run(["make", "-s", "-f", "mk", "show"], cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["ERROR: tests/vllm failed (lines marked [vllm] above; its log: .test-logs/vllm.log); its failures:",
+                   "  [vllm] FAILED tests/vllm/test_a.py::test_b - AssertionError: boom",
+                   "  [vllm] ERROR tests/vllm/test_c.py::test_d - OSError"]
