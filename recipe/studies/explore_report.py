@@ -23,7 +23,6 @@ lies; an interval inside (-MEANINGFUL, +MEANINGFUL) is reported as "no differenc
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from recipe.studies import stats
@@ -196,7 +195,7 @@ def primary_verdict(result: dict | None) -> str:
         if -MEANINGFUL < result["low"] and result["high"] < MEANINGFUL:
             return (f"the interval includes 0 and excludes differences of {MEANINGFUL} either way: no difference as "
                     f"large as the meaningful one (a null result)")
-        return f"the interval includes 0: no difference detected (a null result, not evidence of no effect)"
+        return "the interval includes 0: no difference detected (a null result, not evidence of no effect)"
     return f"the interval lies {where}"
 
 
@@ -292,15 +291,21 @@ def tables(found: dict) -> dict:
             "high_pass": block(found, "high", HIGH_METRICS)}
 
 
+def diagnosis_line(diagnosis: dict, bands) -> list[str]:
+    """The diagnosis primary's sentence ([] when it could not be measured), naming the design's bands of c."""
+    d = diagnosis["result"]
+    if d is None:
+        return []
+    small, large = bands
+    return [f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = "
+            f"{band_text(small)} minus that at c = {band_text(large)} was {fmt_interval(d)}: {diagnosis['verdict']}."]
+
+
 def findings(result: dict) -> list[str]:
     """The report's sentences, each built from the numbers in `result` (write_report's)."""
     lines = []
     prim, tab = result["primary"], result["tables"]
-    d = prim["diagnosis"]["result"]
-    if d is not None:
-        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = "
-                     f"{band_text(SMALL_C)} minus that at c = {band_text(LARGE_C)} was {fmt_interval(d)}: "
-                     f"{prim['diagnosis']['verdict']}.")
+    lines += diagnosis_line(prim["diagnosis"], design("smoke").bands)
     dev = tab["diagnosis"]["dev_gap"]["methods"]
     for method in ("gspo_symmetric", "gspo_clip_higher"):
         if dev[method] is not None:
@@ -524,12 +529,7 @@ def real_findings(result: dict) -> list[str]:
     """The real study's sentences, each built from the numbers in `result` (write_real_report's)."""
     lines = []
     prim, tab = result["primary"], result["tables"]
-    d = prim["diagnosis"]["result"]
-    if d is not None:
-        small, large = design(explore_real.TASK).bands
-        lines.append(f"Diagnosis (primary): under the fixed symmetric clip, the clip fraction of successes at c = "
-                     f"{band_text(small)} minus that at c = {band_text(large)} was {fmt_interval(d)}: "
-                     f"{prim['diagnosis']['verdict']}.")
+    lines += diagnosis_line(prim["diagnosis"], design(explore_real.TASK).bands)
     dev = tab["diagnosis"]["dev_gap"]["methods"]
     for method in ("gspo_symmetric", "gspo_clip_higher"):
         if dev[method] is not None:
