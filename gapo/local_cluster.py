@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
 import shutil
 import socket
@@ -39,6 +40,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def log_cause(log: str) -> str:
+    """A node log's cause line, for the first line of an error (which is all pytest's short summary shows): the last
+    line that names an error or a failure, else the last line that is not empty (cut to 300 characters)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    named = [line for line in lines if re.search(r"error|exception|failed|fatal|refused|in use", line, re.I)]
+    found = (named or lines or ["(its log is empty)"])[-1]
+    return found[:300]
 
 
 class LocalClusterError(RuntimeError):
@@ -136,13 +146,29 @@ class LocalRayCluster:
                 return json.loads(line[len("NODES "):])
         return []
 
+    def _session_errors(self, index: int) -> str:
+        """Node ``index``'s error lines in its Ray session's own logs (raylet, GCS, agents: `ray start` itself often
+        only says that one of them exited), the last 8 of each file, or '' when there are none."""
+        logs = Path(self.temp_dir) / f"n{index}" / "session_latest" / "logs"
+        out = []
+        for path in sorted(logs.glob("*.*")) if logs.is_dir() else []:
+            if path.suffix not in (".out", ".err", ".log"):
+                continue
+            text = path.read_text(errors="replace")
+            bad = [line for line in text.splitlines() if re.search(r"\b(error|fatal|failed)\b", line, re.I)]
+            if bad:
+                out.append(f"--- {path.name}:\n" + "\n".join(line[:400] for line in bad[-8:]))
+        return ("\n" + "\n".join(out)) if out else ""
+
     def _wait_for(self, nodes: int) -> None:
         deadline = time.time() + START_TIMEOUT_S
         while True:
             for index, run in self.runs.items():
                 if run.proc.poll() is not None:
-                    raise LocalClusterError(f"ray node {index} exited ({run.proc.returncode}):\n"
-                                            f"{run.log_text()[-3000:]}")
+                    log = run.log_text()
+                    raise LocalClusterError(f"ray node {index} exited ({run.proc.returncode}): {log_cause(log)}\n"
+                                            f"--- the end of its log ({run.log_file}):\n{log[-3000:]}"
+                                            f"{self._session_errors(index)}")
             alive = self._alive_nodes()
             if len(alive) >= nodes and all(gpus >= self.gpus_per_node for gpus in alive):
                 return
