@@ -14,7 +14,11 @@ Token level (PPO with dual clip, Ye et al. 2019, for A < 0):
     r_t = pi_t / pi_old,t
     loss_t = max(-A * r_t, -A * clip(r_t, 1 - eps_low, 1 + eps_high_i))     and, for A < 0, min(that, -A * c)
 
-Both follow verl 0.9.1's `gspo` / `vanilla` losses term for term (same clamps of the log-ratio), so with a
+Token level between per-token ratio bounds (`bounded_token_surrogate`, for peers whose bounds differ token by token,
+DCPO's: `gapo.peers.dcpo`):
+    loss_t = max(-A * r_t, -A * clip(r_t, lower_t, upper_t))                and the same dual clip for A < 0
+
+The first two follow verl 0.9.1's `gspo` / `vanilla` losses term for term (same clamps of the log-ratio), so with a
 constant eps_high they give the same values and gradients (tests/test_gapo_loss.py). Both compute in float32
 whatever the input dtype (`_float32`); their loss matrix is float32.
 """
@@ -164,12 +168,60 @@ def token_clipped_surrogate(
     Raises:
         ValueError: clip_ratio_c <= 1.
     """
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
+    _check_dual_clip(clip_ratio_c)
     log_prob, old_log_prob, advantages = _float32(log_prob, old_log_prob, advantages)
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     loss, clipped = _clipped_objective(ratio, advantages, eps_low, eps_high)
+    return _dual_clipped_terms(loss, clipped, ratio, log_ratio, advantages, response_mask, clip_ratio_c)
+
+
+def bounded_token_surrogate(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    clip_ratio_c: float = 3.0,
+) -> SurrogateTerms:
+    """PPO's token-ratio surrogate between per-token ratio bounds, with the dual clip for A < 0.
+
+    loss_t = max(-A_t r_t, -A_t clip(r_t, lower_t, upper_t)), and for A_t < 0 at most -A_t * clip_ratio_c; r_t as in
+    `token_clipped_surrogate`, which this is with lower_t = 1 - eps_low and upper_t = 1 + eps_high_i. For rules whose
+    bounds differ token by token (DCPO's, from each token's old probability: `gapo.peers.dcpo`).
+
+    Args:
+        log_prob, old_log_prob, advantages, response_mask: (B, T), as in `sequence_clipped_surrogate`.
+        lower, upper: (B, T) bounds on the ratio itself (not epsilons), lower_t <= 1 <= upper_t; no gradient.
+        clip_ratio_c: the dual clip's c (> 1).
+
+    Returns:
+        `SurrogateTerms`, as `token_clipped_surrogate`'s.
+
+    Raises:
+        ValueError: clip_ratio_c <= 1, or bounds whose shape is not the log-probs'.
+    """
+    _check_dual_clip(clip_ratio_c)
+    if lower.shape != log_prob.shape or upper.shape != log_prob.shape:
+        raise ValueError(f"ratio bounds of shapes {tuple(lower.shape)} and {tuple(upper.shape)} for log-probs of shape "
+                         f"{tuple(log_prob.shape)}: one lower and one upper bound per token")
+    log_prob, old_log_prob, advantages = _float32(log_prob, old_log_prob, advantages)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    neg_adv = -advantages
+    unclipped, clipped = neg_adv * ratio, neg_adv * torch.clamp(ratio, lower.detach().float(), upper.detach().float())
+    return _dual_clipped_terms(torch.maximum(unclipped, clipped), clipped > unclipped, ratio, log_ratio, advantages,
+                               response_mask, clip_ratio_c)
+
+
+def _check_dual_clip(clip_ratio_c: float) -> None:
+    if not clip_ratio_c > 1.0:
+        raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
+
+
+def _dual_clipped_terms(loss, clipped, ratio, log_ratio, advantages, response_mask, clip_ratio_c) -> SurrogateTerms:
+    """A token-level clipped objective's terms after the dual clip of Ye et al. 2019 (at most -A * c for A < 0)."""
     # Dual clip: a negative-advantage token whose ratio exploded contributes at most -A * c.
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0

@@ -46,7 +46,8 @@ from verl.utils.metric import AggregationType, Metric
 
 from gapo.clip_diagnostics import BATCH_FIELDS, SUMS_PREFIX, batch_sums, diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
-from gapo.surrogate import sequence_clipped_surrogate, token_clipped_surrogate
+from gapo.peers.dcpo import dcpo_ratio_bounds
+from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import rollout_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
 
@@ -58,6 +59,10 @@ STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 STEP_KEY = "gapo_step"
 ROWS_ENV = "GAPO_DEBUG_LOSS_ROWS"
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
+# The peers ported here (gapo.peers; docs/peers.md): registered beside GAPO's losses, run by the GAPO trainer with the
+# same group statistics, so that they log the same per-c diagnostics
+PEER_LOSS_MODES = ("dcpo",)
+DIAGNOSED_LOSS_MODES = GAPO_LOSS_MODES + PEER_LOSS_MODES
 
 MISSING_STATS_HELP = (
     "GAPO loss '{mode}' got no per-rollout group statistics: it needs the GAPO trainer, which computes each "
@@ -183,7 +188,8 @@ def _float32_value(x: float) -> float:
 
 
 def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
-    """Body of both registered GAPO losses (`mode` "gapo": sequence level; "gapo_token": token level, dual clip).
+    """Body of every loss registered here (`mode` "gapo": sequence level; "gapo_token": token level, dual clip;
+    "dcpo": DCPO's per-token bounds in place of GAPO's per-rollout ones, `gapo.peers.dcpo`).
 
     Per rollout i (module docstring): eps_high_i = eps_high(c_i, k_i) when it is a success with a positive
     advantage, else eps_low (`gapo.threshold.rollout_eps_high`, from the `group_stats_context` of the call); then
@@ -191,7 +197,7 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     `agg_loss`. eps_low is actor.clip_ratio_low, eps_high_max policy_loss.eps_high_max (`resolve_gapo_clips`).
 
     Args:
-        mode: "gapo" or "gapo_token" (names the loss in errors).
+        mode: "gapo", "gapo_token" or "dcpo" (names the loss in errors).
         old_log_prob, log_prob, advantages, response_mask: (B, T), verl's policy-loss tensors.
         loss_agg_mode: verl's aggregation ("seq-mean-token-mean", "token-mean", ...).
         config: verl's actor config; its `policy_loss` must be a `GAPOConfig` (`GAPOPolicyLossConfig`).
@@ -221,15 +227,22 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     # (B,) sum of each rollout's advantage over its real tokens, in float32: its sign says whether the rollout's
     # advantage is positive, and the per-c diagnostics sum it (mean advantage per c, token-weighted)
     advantage_sum = (advantages.detach().float() * mask).sum(-1)
-    eps_high, adaptive = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, advantage_sum > 0,
-                                          eps_low, eps_high_max, settings.schedule)
-
-    if mode == "gapo":
-        terms = sequence_clipped_surrogate(log_prob, old_log_prob, advantages, mask, eps_low, eps_high)
+    clip_ratio_c = config.get("clip_ratio_c", 3.0)
+    if mode == "dcpo":
+        # DCPO's per-token bounds from the old probabilities; the diagnostics' rollouts are those GAPO would widen
+        # (successes with a positive advantage) and their "eps_high" the mean of upper - 1 over their tokens
+        lower, upper = dcpo_ratio_bounds(old_log_prob, eps_low, eps_high_max, clip_ratio_c)
+        terms = bounded_token_surrogate(log_prob, old_log_prob, advantages, mask, lower, upper, clip_ratio_c)
+        adaptive = stats.success & (advantage_sum > 0)
+        eps_high = ((upper - 1) * mask).sum(-1) / terms.tokens.clamp_min(1)
     else:
-        terms = token_clipped_surrogate(
-            log_prob, old_log_prob, advantages, mask, eps_low, eps_high, clip_ratio_c=config.get("clip_ratio_c", 3.0)
-        )
+        eps_high, adaptive = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, advantage_sum > 0,
+                                              eps_low, eps_high_max, settings.schedule)
+        if mode == "gapo":
+            terms = sequence_clipped_surrogate(log_prob, old_log_prob, advantages, mask, eps_low, eps_high)
+        else:
+            terms = token_clipped_surrogate(log_prob, old_log_prob, advantages, mask, eps_low, eps_high,
+                                            clip_ratio_c=clip_ratio_c)
     pg_losses = terms.loss if rollout_is_weights is None else terms.loss * rollout_is_weights.float()
     pg_loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
 
@@ -272,4 +285,16 @@ def compute_policy_loss_gapo_token(
     """GAPO at token level: PPO's token-ratio surrogate (dual clip for A < 0) with eps_high(c, k) per rollout."""
     return _gapo_policy_loss(
         "gapo_token", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
+
+
+@register_policy_loss("dcpo")
+def compute_policy_loss_dcpo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """DCPO's dynamic clip (`gapo.peers.dcpo`): token ratio bounds from each token's old probability, eps_low and
+    eps_high from actor.clip_ratio_low and policy_loss.eps_high_max (or clip_ratio_high), the dual clip for A < 0;
+    GAPO's per-c diagnostics of the same rollouts."""
+    return _gapo_policy_loss(
+        "dcpo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
     )

@@ -47,6 +47,7 @@ from gapo.threshold import adaptive_eps_high
 from gapo.verl_plugin.checkpoint import SYNC_MODE, CrashSafeCheckpointMixin
 from gapo.verl_plugin.config import resolve_gapo_clips
 from gapo.verl_plugin.losses import (
+    DIAGNOSED_LOSS_MODES,
     GAPO_LOSS_MODES,
     GROUP_SIZE_KEY,
     NUM_CORRECT_KEY,
@@ -168,7 +169,7 @@ class GAPOTrainer(CrashSafeCheckpointMixin, PPOTrainerSync):
                                "workers), but verl scores this run's rollouts only after sampling (colocated reward "
                                "model): set reward.reward_model.enable_resource_pool=true or vigor.enable=false")
         self._loss_fn = None
-        if loss_mode not in GAPO_LOSS_MODES:
+        if loss_mode not in DIAGNOSED_LOSS_MODES:
             return  # baselines keep the loss verl installed (ppo_loss, or distillation_ppo_loss)
         # validate_gapo_config refused distillation with a GAPO loss: the loss replaced here is verl's ppo_loss
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)

@@ -16,7 +16,7 @@ from gapo.config import GAPOConfig
 from gapo.config_names import unknown_experiment, unknown_key
 from gapo.step_metrics import VAL_COVERAGE_KEY
 from gapo.verl_plugin.config import resolve_gapo_clips
-from gapo.verl_plugin.losses import GAPO_LOSS_MODES
+from gapo.verl_plugin.losses import DIAGNOSED_LOSS_MODES
 from gapo.verl_plugin.vigor import VigorConfigError, vigor_settings
 
 GAPO_TRAINER_MODE = "gapo"
@@ -263,7 +263,7 @@ def validate_gapo_config(config: DictConfig) -> None:
         raise GAPOConfigError(str(err)) from None
     actor = config.actor_rollout_ref.actor
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
-    if loss_mode not in GAPO_LOSS_MODES:
+    if loss_mode not in DIAGNOSED_LOSS_MODES:
         return
     trainer_mode = config.trainer.v1.get("trainer_mode", "sync")
     if not config.trainer.get("use_v1", True) or trainer_mode != GAPO_TRAINER_MODE:
