@@ -187,7 +187,7 @@ test test-vllm test-trl test-fast: export RAY_worker_niceness := 0
 # suite's CPU time): their own stream in make test, so that the unit tests run beside them
 E2E_TESTS := tests/test_trainer_e2e.py tests/test_cluster_e2e.py tests/test_kill_resume.py tests/test_plot_run.py \
 	tests/test_eval_cli.py tests/test_eval_smoke.py tests/test_cluster_nodes.py tests/test_launch.py tests/test_vigor_e2e.py \
-	tests/test_real_model_e2e.py
+	tests/test_real_model_e2e.py tests/test_peer_bapo_ranks.py
 
 # Each side stream's pytest output also goes to $(TEST_LOGS)/<stream>.log; a stream that fails has its failed tests
 # (pytest's short summary lines) printed again after the default suite's, so that the end of the output names them.

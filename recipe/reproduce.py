@@ -132,6 +132,7 @@ TABLES = {
             Row("GRPO", ("math/r1_1.5b_grpo",), note=NOT_REPORTED),
             Row("DAPO clip-higher", ("math/r1_1.5b_dapo",), note=NOT_REPORTED),
             Row("DCPO dynamic clip (peer)", ("math/r1_1.5b_dcpo",), note=NOT_REPORTED),
+            Row("BAPO adaptive clip (peer)", ("math/r1_1.5b_bapo",), note=NOT_REPORTED),
             Row("Dr.GRPO", ("math/r1_1.5b_drgrpo",), note=NOT_REPORTED),
             Row("token-level focal F-GRPO", ("math/r1_1.5b_focal_grpo",), note=NOT_REPORTED),
         ),

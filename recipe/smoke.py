@@ -50,6 +50,8 @@ from gapo.exploration import (
     ENTROPY_FAILURE,
     ENTROPY_SUCCESS,
 )
+from gapo.peers import PEER_LOSS_MODES
+from gapo.peers.bapo import BAPO_METRICS
 from gapo.supervisor import SupervisedRun, SupervisedRunError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,9 +229,19 @@ def missing_shards(ckpt_dir: Path, step: int, world_size: int) -> list[str]:
             if not (actor / f"{kind}_world_size_{world_size}_rank_{rank}.pt").exists()]
 
 
+LOSS_MODE_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"
+
+
+def loss_mode_of(overrides: list[str], default: str = "gapo") -> str:
+    """The loss mode the overrides set (the last one wins), else `default` (smoke_cpu's)."""
+    modes = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == LOSS_MODE_KEY and "=" in o]
+    return modes[-1] if modes else default
+
+
 def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps: int, ckpt_dir: Path,
-          world_size: int = 1) -> None:
-    """What a smoke run must show; each failure says what was missing."""
+          world_size: int = 1, loss_mode: str = "gapo") -> None:
+    """What a smoke run must show; each failure says what was missing. A ported peer's run (`loss_mode` dcpo or
+    bapo, docs/peers.md) has no GAPO thresholds to vary; a BAPO run must log its bounds instead."""
     problems = []
     for step in range(1, steps + resume_steps + 1):
         missing = missing_shards(ckpt_dir, step, world_size)
@@ -248,7 +260,10 @@ def check(run1: dict[int, dict], run2: dict[int, dict], steps: int, resume_steps
         raise SmokeCheckError("no steps logged at all")
     if not all(m.get("gapo/groups/mixed_frac", 0) > 0 for m in every.values()):
         problems.append("a step had no mixed group (0 < c < k): all-right or all-wrong groups show nothing")
-    if not any(m.get("gapo/eps_high/max", 0) > m.get("gapo/eps_high/min", 0) for m in every.values()):
+    if loss_mode in PEER_LOSS_MODES:
+        if loss_mode == "bapo" and not all(name in m for m in every.values() for name in BAPO_METRICS):
+            problems.append(f"a step logged no {', '.join(BAPO_METRICS)}: BAPO's bounds did not reach the metrics")
+    elif not any(m.get("gapo/eps_high/max", 0) > m.get("gapo/eps_high/min", 0) for m in every.values()):
         problems.append("no step used more than one threshold: the adaptive clip was never exercised")
     if not all("gapo/loss_eps_high_mean" in m for m in every.values()):
         problems.append("gapo/loss_eps_high_mean missing: per-rollout thresholds did not reach the loss")
@@ -323,7 +338,7 @@ def run_smoke(out: Path, steps: int = 2, resume_steps: int = 1, overrides: list[
         first = train(out, "run1", steps, overrides, timeout_s, cluster)
         second = train(out, "run2", steps + resume_steps, overrides, timeout_s, cluster)
     run1, run2 = read_metrics(first["metrics_file"]), read_metrics(second["metrics_file"])
-    check(run1, run2, steps, resume_steps, ckpt_dir, world_size=nodes * ranks)
+    check(run1, run2, steps, resume_steps, ckpt_dir, world_size=nodes * ranks, loss_mode=loss_mode_of(overrides))
     return {"run1": run1, "run2": run2, "ckpt_dir": ckpt_dir, "runs": [first, second], "world_size": nodes * ranks}
 
 

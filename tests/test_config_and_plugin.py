@@ -148,7 +148,9 @@ def test_yaml_lists_every_gapo_knob_with_the_dataclass_default():
     from gapo.config import GAPOConfig
 
     node = compose_cfg().actor_rollout_ref.actor.policy_loss
-    for f in dataclasses.fields(GAPOConfig):
+    from gapo.peers.bapo import BAPOConfig
+
+    for f in (*dataclasses.fields(GAPOConfig), *dataclasses.fields(BAPOConfig)):
         assert f.name in node, f"configs/base/gapo.yaml lacks policy_loss.{f.name}"
         if f.name != "eps_high_max":  # the paper's value for the default config, on purpose
             assert node[f.name] == f.default, f.name

@@ -30,6 +30,7 @@ EXPECTED = {
     "math/r1_1.5b_grpo": ("vanilla", 0.2, 0.2, "token-mean", "grpo", 24576),
     "math/r1_1.5b_dapo": ("vanilla", 0.2, 0.28, "token-mean", "grpo", 24576),
     "math/r1_1.5b_dcpo": ("dcpo", 0.2, 0.28, "token-mean", "grpo", 24576),
+    "math/r1_1.5b_bapo": ("bapo", 7e-5, 3e-4, "token-mean", "grpo", 24576),
     "math/r1_1.5b_focal_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "focal_grpo", 24576),
     "math/qwen_math_1.5b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
     "math/qwen_math_1.5b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),

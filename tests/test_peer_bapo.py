@@ -143,3 +143,46 @@ def test_the_walks_op_count_does_not_grow_with_its_length():
     literal = count_aten_ops(lambda: _literal_walk(ratio, adv, mask, BAPOConfig()))
     print(f"aten ops: one-pass walk {coarse} (finer step {fine}), literal walk {literal}")
     assert fine == coarse < literal / 3, (coarse, fine, literal)
+
+
+# ----------------------------------------------------------------------------------------- the registered loss
+def test_the_bapo_loss_clips_at_the_walks_bounds_hand_computed():
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.workers.config import FSDPActorConfig
+
+    from gapo.verl_plugin.config import GAPOPolicyLossConfig
+    from gapo.verl_plugin.losses import SUMS_PREFIX, group_stats_context
+
+    # three rollouts of one token, the batch of test_both_bounds_move_hand_computed: bounds (0.9, 1.75)
+    old = torch.zeros(3, 1)
+    log_prob = torch.log(torch.tensor([[2.0], [0.5], [1.0]])).requires_grad_(True)
+    adv = torch.tensor([[1.1], [-1.0], [-1.0]])
+    config = FSDPActorConfig(strategy="fsdp2", rollout_n=3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                             clip_ratio_low=7e-5, clip_ratio_high=3e-4, loss_agg_mode="token-mean",
+                             policy_loss=GAPOPolicyLossConfig(loss_mode="bapo"))
+    with group_stats_context(torch.tensor([1, 1, 1]), torch.tensor([3, 3, 3]),
+                             torch.tensor([True, False, False])) as stats:
+        loss, metrics = get_policy_loss_fn("bapo")(old_log_prob=old, log_prob=log_prob, advantages=adv,
+                                                   response_mask=torch.ones(3, 1), loss_agg_mode="token-mean",
+                                                   config=config, rollout_is_weights=None)
+    loss.backward()
+    # the success clipped at 1.75, the failure at ratio 0.5 clipped up to 0.9, the one at ratio 1 kept
+    assert loss.item() == pytest.approx((-1.1 * 1.75 + 0.9 + 1.0) / 3, abs=1e-6)  # float32 sums of ~2
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[0.0], [0.0], [1.0 / 3]]))
+    assert (metrics["actor/bapo_clip_low"], metrics["actor/bapo_clip_high"]) == pytest.approx((0.9, 1.75))
+    assert metrics["actor/bapo_pos_share"] == pytest.approx(1.925 / (1.925 + 1.9), rel=1e-6)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 3)
+    assert stats.sums[f"{SUMS_PREFIX}/c1/clipped"] == 1 and stats.sums[f"{SUMS_PREFIX}/c1/rollouts"] == 1
+    assert stats.sums[f"{SUMS_PREFIX}/eps_high_sum"] == pytest.approx(0.75, rel=1e-6)
+
+
+def test_a_bapo_setting_in_the_yaml_is_validated_at_start():
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base=None):
+        cfg = compose("math/r1_1.5b_bapo", overrides=["actor_rollout_ref.actor.policy_loss.bapo_rho=1.5"])
+    with pytest.raises(Exception, match=r"bapo_rho=1.5: the positive share to reach, in \(0, 1\)"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.policy_loss)

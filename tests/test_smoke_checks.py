@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.smoke import SmokeCheckError, check, shape_overrides
+from recipe.smoke import SmokeCheckError, check, loss_mode_of, shape_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +83,29 @@ def test_shape_overrides():
 def test_runs_that_show_nothing_are_rejected(ckpt, bad, message):
     with pytest.raises(SmokeCheckError, match=message):
         check({1: _step(**bad), 2: _step(**bad)}, {3: _step(**bad)}, 2, 1, ckpt)
+
+
+def test_a_peers_run_needs_no_gapo_thresholds_but_bapo_must_log_its_bounds(ckpt):
+    # a peer (docs/peers.md) logs no gapo/eps_high/*: one threshold is no failure there
+    peer = {k: v for k, v in _step().items() if not k.startswith("gapo/eps_high/")}
+    check({1: dict(peer), 2: dict(peer)}, {3: dict(peer)}, 2, 1, ckpt, loss_mode="dcpo")
+    with pytest.raises(SmokeCheckError, match="more than one threshold"):
+        check({1: dict(peer), 2: dict(peer)}, {3: dict(peer)}, 2, 1, ckpt, loss_mode="gapo")
+    with pytest.raises(SmokeCheckError, match="actor/bapo_clip_low.*BAPO's bounds did not reach the metrics"):
+        check({1: dict(peer), 2: dict(peer)}, {3: dict(peer)}, 2, 1, ckpt, loss_mode="bapo")
+    bapo = {**peer, "actor/bapo_clip_low": 0.9, "actor/bapo_clip_high": 1.75, "actor/bapo_pos_share": 0.5}
+    check({1: dict(bapo), 2: dict(bapo)}, {3: dict(bapo)}, 2, 1, ckpt, loss_mode="bapo")
+    # the peer still needs everything else: its thresholds in the loss, something clipped
+    with pytest.raises(SmokeCheckError, match="did not reach the loss"):
+        no_loss = {k: v for k, v in bapo.items() if k != "gapo/loss_eps_high_mean"}
+        check({1: dict(no_loss), 2: dict(no_loss)}, {3: dict(no_loss)}, 2, 1, ckpt, loss_mode="bapo")
+
+
+def test_the_loss_mode_is_read_from_the_overrides_the_last_one_winning():
+    key = "actor_rollout_ref.actor.policy_loss.loss_mode"
+    assert loss_mode_of([]) == "gapo" and loss_mode_of(["trainer.nnodes=1"]) == "gapo"
+    assert loss_mode_of([f"{key}=bapo", "x=1", f"{key}=dcpo"]) == "dcpo"
+    assert loss_mode_of([f"++{key}=bapo"]) == "bapo"
 
 
 def test_a_resume_that_starts_over_is_rejected(ckpt):

@@ -30,6 +30,9 @@ from typing import Callable, Optional
 
 import torch
 
+# what the `bapo` loss logs per micro-batch: the bounds the walk stopped at and the positive share there
+BAPO_METRICS = ("actor/bapo_clip_low", "actor/bapo_clip_high", "actor/bapo_pos_share")
+
 
 @dataclass
 class BAPOConfig:

@@ -2,8 +2,8 @@
 
 verl rejects unknown keys under `actor_rollout_ref.actor.policy_loss`; pointing that node's `_target_` at
 this class (configs/gapo_trainer.yaml does) makes GAPO's fields (`eps_high_max`, `schedule`, `success_threshold`,
-`diagnostics`, `mask_truncated`, `diag_corr_window`) valid keys. Their defaults and validation come from
-`gapo.config.GAPOConfig` alone.
+`diagnostics`, `mask_truncated`, `diag_corr_window`) and the ported peers' (BAPO's `bapo_*`) valid keys. Their
+defaults and validation come from `gapo.config.GAPOConfig` and `gapo.peers.bapo.BAPOConfig` alone.
 """
 
 from dataclasses import dataclass
@@ -11,11 +11,16 @@ from dataclasses import dataclass
 from verl.workers.config import PolicyLossConfig
 
 from gapo.config import GAPOConfig
+from gapo.peers.bapo import BAPOConfig
 
 
 @dataclass
-class GAPOPolicyLossConfig(PolicyLossConfig, GAPOConfig):
-    """verl's policy-loss settings plus GAPO's (see `gapo.config.GAPOConfig` for the GAPO attributes)."""
+class GAPOPolicyLossConfig(PolicyLossConfig, GAPOConfig, BAPOConfig):
+    """verl's policy-loss settings plus GAPO's (`gapo.config.GAPOConfig`) and BAPO's (`gapo.peers.bapo.BAPOConfig`)."""
+
+    def __post_init__(self):
+        GAPOConfig.__post_init__(self)
+        self.validate_bapo()
 
 
 def resolve_gapo_clips(actor, settings: GAPOConfig) -> tuple[float, float]:

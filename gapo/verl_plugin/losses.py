@@ -46,6 +46,8 @@ from verl.utils.metric import AggregationType, Metric
 
 from gapo.clip_diagnostics import BATCH_FIELDS, SUMS_PREFIX, batch_sums, diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
+from gapo.peers import PEER_LOSS_MODES
+from gapo.peers.bapo import BAPO_METRICS, bapo_bounds, torch_all_reduce
 from gapo.peers.dcpo import dcpo_ratio_bounds
 from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import rollout_eps_high
@@ -59,9 +61,8 @@ STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 STEP_KEY = "gapo_step"
 ROWS_ENV = "GAPO_DEBUG_LOSS_ROWS"
 GAPO_LOSS_MODES = ("gapo", "gapo_token")
-# The peers ported here (gapo.peers; docs/peers.md): registered beside GAPO's losses, run by the GAPO trainer with the
-# same group statistics, so that they log the same per-c diagnostics
-PEER_LOSS_MODES = ("dcpo",)
+# GAPO's and the ported peers' (gapo.peers; docs/peers.md): registered here, run by the GAPO trainer with the same
+# group statistics, so that they log the same per-c diagnostics
 DIAGNOSED_LOSS_MODES = GAPO_LOSS_MODES + PEER_LOSS_MODES
 
 MISSING_STATS_HELP = (
@@ -84,6 +85,8 @@ class GroupStats:
     max_count: Optional[int] = None
     # per-rollout values for the debugging dump (ROWS_ENV): filled by the loss when set to a dict
     rows: Optional[dict] = None
+    # the data-parallel group the actor's loss was called with (BAPO all-reduces its sums over it)
+    dp_group: Optional[object] = None
 
 
 _GROUP_STATS: contextvars.ContextVar[Optional[GroupStats]] = contextvars.ContextVar("gapo_group_stats", default=None)
@@ -147,6 +150,7 @@ class GAPOActorLoss:
             )
         rows_dir = os.environ.get(ROWS_ENV)
         with group_stats_context(*(data[key] for key in STAT_KEYS), max_count=self.max_count) as stats:
+            stats.dp_group = dp_group
             if rows_dir:
                 stats.rows = {}
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
@@ -189,7 +193,8 @@ def _float32_value(x: float) -> float:
 
 def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
     """Body of every loss registered here (`mode` "gapo": sequence level; "gapo_token": token level, dual clip;
-    "dcpo": DCPO's per-token bounds in place of GAPO's per-rollout ones, `gapo.peers.dcpo`).
+    "dcpo": DCPO's per-token bounds in place of GAPO's per-rollout ones, `gapo.peers.dcpo`; "bapo": BAPO's
+    bounds for the micro-batch, `gapo.peers.bapo`).
 
     Per rollout i (module docstring): eps_high_i = eps_high(c_i, k_i) when it is a success with a positive
     advantage, else eps_low (`gapo.threshold.rollout_eps_high`, from the `group_stats_context` of the call); then
@@ -197,7 +202,7 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     `agg_loss`. eps_low is actor.clip_ratio_low, eps_high_max policy_loss.eps_high_max (`resolve_gapo_clips`).
 
     Args:
-        mode: "gapo", "gapo_token" or "dcpo" (names the loss in errors).
+        mode: "gapo", "gapo_token", "dcpo" or "bapo" (names the loss in errors).
         old_log_prob, log_prob, advantages, response_mask: (B, T), verl's policy-loss tensors.
         loss_agg_mode: verl's aggregation ("seq-mean-token-mean", "token-mean", ...).
         config: verl's actor config; its `policy_loss` must be a `GAPOConfig` (`GAPOPolicyLossConfig`).
@@ -235,6 +240,15 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
         terms = bounded_token_surrogate(log_prob, old_log_prob, advantages, mask, lower, upper, clip_ratio_c)
         adaptive = stats.success & (advantage_sum > 0)
         eps_high = ((upper - 1) * mask).sum(-1) / terms.tokens.clamp_min(1)
+    elif mode == "bapo":
+        # BAPO's ratio bounds for the whole micro-batch, its sums all-reduced over the data-parallel ranks (verl gives
+        # every rank the same micro-batch count, padding with empty ones); token ratios, the dual clip for A < 0
+        ratio = torch.exp(torch.clamp(log_prob.detach().float() - old_log_prob.float(), min=-20.0, max=20.0))
+        low, high, share = bapo_bounds(ratio, advantages, mask, settings, torch_all_reduce(stats.dp_group))
+        terms = bounded_token_surrogate(log_prob, old_log_prob, advantages, mask, low.expand_as(mask),
+                                        high.expand_as(mask), clip_ratio_c)
+        adaptive = stats.success & (advantage_sum > 0)
+        eps_high = (high - 1).expand_as(advantage_sum)
     else:
         eps_high, adaptive = rollout_eps_high(stats.num_correct, stats.group_size, stats.success, advantage_sum > 0,
                                               eps_low, eps_high_max, settings.schedule)
@@ -254,8 +268,12 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
                                    max_count)
         else:
             sums = batch_sums(terms)
+        if mode == "bapo":  # BAPO's bounds and share travel in the same transfer, at its end
+            sums = torch.cat([sums, torch.stack([low, high, share]).to(sums.dtype)])
         # one device-to-host transfer for every metric of the micro-batch
-        flat = sums.tolist()
+        flat, bapo_values = sums.tolist(), None
+        if mode == "bapo":
+            flat, bapo_values = flat[:-3], flat[-3:]
     if stats.rows is not None:  # the debugging dump (ROWS_ENV): the same per-rollout values the sums add up
         stats.rows.update(adaptive=adaptive, eps_high=eps_high, tokens=terms.tokens, clipped=terms.clipped_tokens,
                           ratio_dev=terms.ratio_dev_sum, advantage=advantage_sum)
@@ -265,6 +283,8 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
     metrics = {"actor/pg_clipfrac": _float32_value(clipped / tokens),
                "actor/ppo_kl": _float32_value(-log_ratio / tokens),
                "actor/pg_clipfrac_lower": _float32_value(dual_clipped / tokens)}
+    if bapo_values is not None:  # means over micro-batches, as verl logs its own per-micro-batch metrics
+        metrics.update(zip(BAPO_METRICS, bapo_values))
     if settings.diagnostics:
         stats.sums.update({f"{SUMS_PREFIX}/{name}": value for name, value in named_sums(flat, max_count).items()})
     return pg_loss, metrics
@@ -285,6 +305,18 @@ def compute_policy_loss_gapo_token(
     """GAPO at token level: PPO's token-ratio surrogate (dual clip for A < 0) with eps_high(c, k) per rollout."""
     return _gapo_policy_loss(
         "gapo_token", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
+
+
+@register_policy_loss("bapo")
+def compute_policy_loss_bapo(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
+    """BAPO's adaptive clip (`gapo.peers.bapo`): the micro-batch's ratio bounds walked until the positive tokens carry
+    a share bapo_rho of the loss (sums all-reduced over the data-parallel ranks), the dual clip for A < 0; GAPO's
+    per-c diagnostics of the same rollouts, plus `actor/bapo_*` (the bounds and the share)."""
+    return _gapo_policy_loss(
+        "bapo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
     )
 
 
