@@ -41,15 +41,21 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, register_policy_loss
 from verl.utils.metric import AggregationType, Metric
 
 from gapo.clip_diagnostics import BATCH_FIELDS, SUMS_PREFIX, batch_sums, diagnostic_sums, named_sums
 from gapo.config import GAPOConfig
 from gapo.peers import PEER_LOSS_MODES
 from gapo.peers.bapo import BAPO_METRICS, bapo_bounds, torch_all_reduce
+from gapo.peers.builtin import BUILTIN_PEERS, DIAGNOSED_SUFFIX, builtin_clips, cut_fraction
 from gapo.peers.dcpo import dcpo_ratio_bounds
-from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
+from gapo.surrogate import (
+    SurrogateTerms,
+    bounded_token_surrogate,
+    sequence_clipped_surrogate,
+    token_clipped_surrogate,
+)
 from gapo.threshold import rollout_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
 
@@ -185,6 +191,17 @@ def _gapo_settings(config, mode: str) -> GAPOConfig:
     return policy_loss
 
 
+def _stats_in_context(mode: str, log_prob: torch.Tensor) -> GroupStats:
+    """The micro-batch's `GroupStats`; RuntimeError naming the fix when there are none, or not one per rollout."""
+    stats = _GROUP_STATS.get()
+    if stats is None:
+        raise RuntimeError(MISSING_STATS_HELP.format(mode=mode))
+    if stats.num_correct.shape[0] != log_prob.shape[0]:
+        raise RuntimeError(f"group statistics for {stats.num_correct.shape[0]} rollouts, micro-batch of "
+                           f"{log_prob.shape[0]}")
+    return stats
+
+
 def _float32_value(x: float) -> float:
     """x rounded to float32: the quotient of two float32 values computed in float64 and rounded so is the float32
     quotient (float64 has more than twice float32's precision), the value a float32 division on device gives."""
@@ -217,11 +234,7 @@ def _gapo_policy_loss(mode, old_log_prob, log_prob, advantages, response_mask, l
         RuntimeError: no group statistics in context (not called through `GAPOActorLoss`), or a count that does not
             match the micro-batch.
     """
-    stats = _GROUP_STATS.get()
-    if stats is None:
-        raise RuntimeError(MISSING_STATS_HELP.format(mode=mode))
-    if stats.num_correct.shape[0] != log_prob.shape[0]:
-        raise RuntimeError(f"group statistics for {stats.num_correct.shape[0]} rollouts, micro-batch of {log_prob.shape[0]}")
+    stats = _stats_in_context(mode, log_prob)
     settings = _gapo_settings(config, mode)
     eps_low, eps_high_max = resolve_gapo_clips(config, settings)
 
@@ -318,6 +331,60 @@ def compute_policy_loss_bapo(
     return _gapo_policy_loss(
         "bapo", old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
     )
+
+
+def _diagnosed_builtin_loss(peer, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                            rollout_is_weights):
+    """verl's own `peer` loss (its registry's function: value, gradient and metrics unchanged), plus GAPO's per-c
+    diagnostics of it: the clipped-token sums count what plays the clip's part in `peer`
+    (`gapo.peers.builtin.cut_fraction`), over the same rollouts as GAPO's (successes with A > 0); the per-rollout
+    "eps_high" they report is the peer's configured clip_ratio_high (0 for sapo, which has none)."""
+    mode = peer + DIAGNOSED_SUFFIX
+    stats = _stats_in_context(mode, log_prob)
+    settings = _gapo_settings(config, mode)
+    pg_loss, metrics = get_policy_loss_fn(peer)(
+        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode, config=config, rollout_is_weights=rollout_is_weights)
+    if not settings.diagnostics:
+        return pg_loss, metrics
+    with torch.no_grad():
+        mask = response_mask.to(torch.float32)
+        eps_low, eps_high = builtin_clips(config)
+        cut = cut_fraction(peer, log_prob, old_log_prob, advantages, eps_low, eps_high,
+                           config.get("tau_pos", 1.0), config.get("tau_neg", 1.05))
+        log_ratio = torch.clamp(log_prob.detach().float() - old_log_prob.float(), min=-20.0, max=20.0)
+        ratio = torch.exp(log_ratio)
+        tokens = mask.sum(-1)
+        terms = SurrogateTerms(loss=cut, ratio=ratio, clipped=cut > 0, tokens=tokens,
+                               clipped_tokens=(cut * mask).sum(-1), dual_clipped_tokens=torch.zeros_like(tokens),
+                               log_ratio_sum=(log_ratio * mask).sum(-1), ratio_dev_sum=((ratio - 1).abs() * mask).sum(-1))
+        advantage_sum = (advantages.float() * mask).sum(-1)
+        adaptive = stats.success & (advantage_sum > 0)
+        headroom = torch.full_like(advantage_sum, 0.0 if peer == "sapo" else float(eps_high))
+        max_count = stats.max_count if stats.max_count is not None else config.rollout_n
+        flat = diagnostic_sums(terms, stats.num_correct, stats.group_size, adaptive, headroom, advantage_sum,
+                               max_count).tolist()
+    if stats.rows is not None:
+        stats.rows.update(adaptive=adaptive, eps_high=headroom, tokens=tokens, clipped=terms.clipped_tokens,
+                          ratio_dev=terms.ratio_dev_sum, advantage=advantage_sum)
+    stats.sums.update({f"{SUMS_PREFIX}/{name}": value for name, value in named_sums(flat, max_count).items()})
+    return pg_loss, metrics
+
+
+def _register_diagnosed(peer: str) -> None:
+    def loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
+             rollout_is_weights=None):
+        return _diagnosed_builtin_loss(peer, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
+                                       config, rollout_is_weights)
+
+    loss.__name__ = f"compute_policy_loss_{peer}{DIAGNOSED_SUFFIX}"
+    loss.__doc__ = (f"verl's built-in `{peer}` loss with GAPO's per-c diagnostics "
+                    f"({BUILTIN_PEERS[peer]}; `gapo.peers.builtin`).")
+    register_policy_loss(peer + DIAGNOSED_SUFFIX)(loss)
+
+
+for _peer in BUILTIN_PEERS:
+    _register_diagnosed(_peer)
 
 
 @register_policy_loss("dcpo")
