@@ -67,7 +67,8 @@ from gapo.exploration import (
     row_entropy_sums,
 )
 from gapo.groups import GroupStatistics, group_metrics, group_statistics
-from gapo.surrogate import sequence_clipped_surrogate, token_clipped_surrogate
+from gapo.peers.dcpo import dcpo_ratio_bounds
+from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import adaptive_eps_high, rollout_eps_high
 
 # TRL's losses that clip the ratio to [1 - epsilon, 1 + epsilon_high]: the ones whose upper clip GAPO can set.
@@ -78,6 +79,8 @@ OTHER_LOSS_TYPES = {
     "sapo": "a soft gate with temperatures, no clip",
     "vespo": "gamma-weighted importance weights, no clip",
 }
+# The ported peers (docs/peers.md) that can replace GAPO's bounds in TRL's clamp (GAPOTRLConfig.peer); token level
+TRL_PEERS = ("dcpo",)
 NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY = "gapo_num_correct", "gapo_group_size", "gapo_success"
 STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 _CAPTURE = object()  # marks "keep the next log-probs and entropies TRL computes" (the loss's own forward pass)
@@ -185,6 +188,9 @@ class GAPOTRLConfig(GRPOConfig):
             its defaults. Held as an ExplorationConfig after construction. The knobs: `entrance_tokens` (m, a first
             move's length), `entrance_until_newline`, `coverage_window` (W, in generation batches),
             `coverage_threshold` (a prompt is covered when its c / k is above it).
+        peer: None (GAPO), or a ported peer whose bounds replace GAPO's in TRL's clamp (TRL_PEERS; docs/peers.md):
+            "dcpo" (`gapo.peers.dcpo`: eps_low = `epsilon`, eps_high = eps_high_max; token level). TRL has no dual
+            clip, so DCPO's (for A < 0) is not applied here.
 
     Precision: TRL resolves an unset `bf16` to True (bf16 autocast). On CPU (`on_cpu`: `use_cpu`, or no CUDA, XPU or
     MPS device) an unset `bf16` is False here instead: CPU autocast runs every matmul in bf16, through a scalar GEMM on
@@ -203,6 +209,12 @@ class GAPOTRLConfig(GRPOConfig):
         metadata={"help": "GAPO's settings (gapo.GAPOConfig): a JSON object such as "
                           "'{\"eps_high_max\": 0.28, \"schedule\": \"linear\", \"success_threshold\": 0.5}'; "
                           "null for the defaults. The lower clip is `epsilon`; eps_high_max null uses `epsilon_high`."},
+    )
+    peer: str | None = field(
+        default=None,
+        metadata={"help": "a ported peer's clip rule in place of GAPO's (docs/peers.md): 'dcpo' (token ratio bounds "
+                          "from each token's old probability, epsilon and eps_high_max its epsilons; token level); "
+                          "null: GAPO. The per-c diagnostics are logged for it as for GAPO."},
     )
     exploration: dict | str | None = field(
         default=None,
@@ -232,6 +244,12 @@ class GAPOTRLConfig(GRPOConfig):
                 ": 'grpo' with importance_sampling_level='sequence' is GSPO (verl's seq-mean-token-mean), 'dapo' at "
                 "token level is verl's token-mean (docs/trl.md)"
             )
+        if self.peer is not None and self.peer not in TRL_PEERS:
+            raise ValueError(f"peer={self.peer!r} is not a peer this TRL loss can run; choose one of "
+                             f"{', '.join(TRL_PEERS)}, or null for GAPO (docs/peers.md)")
+        if self.peer == "dcpo" and self.importance_sampling_level != "token":
+            raise ValueError("peer='dcpo' bounds each token by its own old probability: set "
+                             f"importance_sampling_level='token' (got {self.importance_sampling_level!r})")
         if self.gapo.mask_truncated:
             raise ValueError("gapo.mask_truncated is the verl trainer's overlong filter; with TRL set "
                              "mask_truncated_completions=True instead (and leave gapo.mask_truncated False)")
@@ -366,6 +384,8 @@ class GAPOGRPOTrainer(GRPOTrainer):
         self.gapo: GAPOConfig = args.gapo
         self.exploration: ExplorationConfig = args.exploration
         self.gapo_clips = resolve_trl_clips(args, self.gapo)
+        self.peer = args.peer  # None: GAPO's bounds; "dcpo": DCPO's, set in the loss's forward (its old log-probs)
+        self._gapo_peer = None  # while a peer's loss runs: {"old": (B, T) or None, then "lower"/"upper": (B, T)}
         self._gapo_rewards = None  # the latest generation batch's rewards, every process's rows (TRL gathers them)
         self._gapo_heads = None  # the latest generation batch's first completion tokens, this process's rows
         self._gapo_forward = None  # _CAPTURE while the loss runs, then (log-probs, entropies) of its forward pass
@@ -472,6 +492,12 @@ class GAPOGRPOTrainer(GRPOTrainer):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._gapo_forward is _CAPTURE:
             self._gapo_forward = (out[0].detach(), None if out[1] is None else out[1].detach())
+            if self._gapo_peer is not None:  # DCPO: bounds from the old probabilities, into TRL's clamp
+                old = self._gapo_peer["old"]
+                old = out[0].detach() if old is None else old  # on-policy: TRL's old log-probs are these
+                lower, upper = dcpo_ratio_bounds(old, *self.gapo_clips)
+                self._gapo_peer.update(old=old, lower=lower, upper=upper)
+                self.epsilon_low, self.epsilon_high = 1 - lower, upper - 1
         return out
 
     def _compute_loss(self, model, inputs):
@@ -483,27 +509,34 @@ class GAPOGRPOTrainer(GRPOTrainer):
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         per_token_adv, advantage_sum = token_advantages(inputs["advantages"], mask)
         eps_low, eps_high_max = self.gapo_clips
-        eps_high, adaptive = rollout_eps_high(inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], inputs[SUCCESS_KEY],
-                                              advantage_sum > 0, eps_low, eps_high_max, self.gapo.schedule)
         saved = self.epsilon_low, self.epsilon_high
-        self.epsilon_low = torch.tensor(eps_low, device=eps_high.device)
-        self.epsilon_high = eps_high.unsqueeze(-1)  # (B, 1): one bound per completion, over its tokens at token level
+        if self.peer is None:
+            eps_high, adaptive = rollout_eps_high(inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], inputs[SUCCESS_KEY],
+                                                  advantage_sum > 0, eps_low, eps_high_max, self.gapo.schedule)
+            self.epsilon_low = torch.tensor(eps_low, device=eps_high.device)
+            self.epsilon_high = eps_high.unsqueeze(-1)  # (B, 1): one bound per completion, over its tokens
+        else:  # the peer's bounds are set by the forward pass (`_get_per_token_logps_and_entropies`)
+            adaptive = inputs[SUCCESS_KEY].to(torch.bool) & (advantage_sum > 0)
+            self._gapo_peer = {"old": inputs.get("old_per_token_logps")}
         self._gapo_forward = _CAPTURE
         try:
             loss = super()._compute_loss(model, inputs)
-            forward = self._gapo_forward
+            forward, peer = self._gapo_forward, self._gapo_peer
         finally:
             self.epsilon_low, self.epsilon_high = saved
-            self._gapo_forward = None
+            self._gapo_forward, self._gapo_peer = None, None
         if isinstance(forward, tuple):
             logps, entropies = forward
             old = inputs.get("old_per_token_logps")
-            self._record_sums(logps, logps if old is None else old, entropies, per_token_adv, mask, inputs, adaptive,
-                              eps_high, advantage_sum)
+            old = logps if old is None else old
+            if peer is not None:  # the diagnostics' headroom: the mean of upper - 1 over each completion's tokens
+                eps_high = ((peer["upper"] - 1) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+            self._record_sums(logps, old, entropies, per_token_adv, mask, inputs, adaptive, eps_high, advantage_sum,
+                              peer)
         return loss
 
     def _record_sums(self, logps, old_logps, entropies, advantages, mask, inputs, adaptive, eps_high,
-                     advantage_sum) -> None:
+                     advantage_sum, peer=None) -> None:
         """Add this micro-batch's per-c diagnostic sums (with `gapo.diagnostics`) and its entropy sums by success and c
         (`gapo.exploration.entropy_table`), summed over processes in one collective, to the logging interval's."""
         mode = "train" if self.model.training else "eval"
@@ -511,9 +544,13 @@ class GAPOGRPOTrainer(GRPOTrainer):
         with torch.no_grad():
             pieces = []
             if self.gapo.diagnostics:
-                surrogate = (sequence_clipped_surrogate if self.importance_sampling_level == "sequence"
-                             else token_clipped_surrogate)
-                terms = surrogate(logps, old_logps, advantages, mask, self.gapo_clips[0], eps_high)
+                if peer is not None:  # the peer's per-token bounds; TRL has no dual clip
+                    terms = bounded_token_surrogate(logps, old_logps, advantages, mask, peer["lower"], peer["upper"],
+                                                    clip_ratio_c=float("inf"))
+                else:
+                    surrogate = (sequence_clipped_surrogate if self.importance_sampling_level == "sequence"
+                                 else token_clipped_surrogate)
+                    terms = surrogate(logps, old_logps, advantages, mask, self.gapo_clips[0], eps_high)
                 pieces.append(diagnostic_sums(terms, inputs[NUM_CORRECT_KEY], inputs[GROUP_SIZE_KEY], adaptive,
                                               eps_high, advantage_sum, max_count).double())
             split = pieces[0].numel() if pieces else 0

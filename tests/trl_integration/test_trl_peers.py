@@ -1,0 +1,70 @@
+"""A ported peer's clip through TRL (GAPOTRLConfig.peer; docs/peers.md): DCPO's per-token bounds in TRL's clamp give
+the loss, gradient and per-c diagnostic sums of the verl plugin's `dcpo` loss on the same tensors."""
+
+import pytest
+import torch
+
+pytest.importorskip("trl", reason="trl is not installed: tests/trl_integration run in .venv-trl (make install-trl)")
+
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+
+from gapo.integrations.trl import GROUP_SIZE_KEY, NUM_CORRECT_KEY, SUCCESS_KEY  # noqa: E402
+from gapo.verl_plugin.config import GAPOPolicyLossConfig  # noqa: E402
+from tests.test_gapo_loss import actor_config, call  # noqa: E402
+from tests.trl_integration.test_trl_integration import (  # noqa: E402,F401 (fixtures: loss_trainer, tiny_model)
+    EPS_LOW,
+    EPS_MAX,
+    K,
+    loss_trainer,
+    tiny_model,
+    trl_args,
+    trl_loss,
+)
+
+
+def _case():
+    # 3 completions x 4 tokens, old probabilities from likely (0.9) to rare (0.02): DCPO's bounds differ token by
+    # token; ratios 0.45-2.4 (below its dual clip's reach for A < 0); completion 2 has one padding token
+    q = torch.tensor([[0.9, 0.02, 0.5, 0.1], [0.8, 0.05, 0.3, 0.6], [0.9, 0.5, 0.04, 0.7]])
+    r = torch.tensor([[1.25, 2.4, 1.1, 0.9], [0.45, 1.8, 0.7, 1.3], [1.3, 0.6, 2.0, 1.0]])
+    old = torch.log(q)
+    new = old + torch.log(r)
+    adv = torch.tensor([0.75, -0.25, -0.25])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float32)
+    stats = {NUM_CORRECT_KEY: torch.tensor([1.0, 1.0, 1.0]), GROUP_SIZE_KEY: torch.full((3,), float(K)),
+             SUCCESS_KEY: torch.tensor([True, False, False])}
+    return old, new, adv, mask, stats
+
+
+def test_dcpo_through_trl_equals_the_verl_plugins_dcpo(loss_trainer, monkeypatch):  # noqa: F811
+    trainer = loss_trainer
+    monkeypatch.setattr(trainer, "importance_sampling_level", "token")
+    monkeypatch.setattr(trainer, "loss_type", "bnpo")  # TRL's bnpo == verl's token-mean over the micro-batch
+    monkeypatch.setattr(trainer, "peer", "dcpo")
+    trainer._gapo_sums["train"].clear()
+    old, new, adv, mask, stats = _case()
+    loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
+    assert trainer.epsilon_high == EPS_MAX and trainer.epsilon_low == EPS_LOW  # restored after the loss
+    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode="token-mean",
+                             policy_loss=GAPOPolicyLossConfig(loss_mode="dcpo", eps_high_max=EPS_MAX))
+    ref_loss, ref_grad, ref = call("dcpo", config, old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(), mask,
+                                   stats[NUM_CORRECT_KEY], stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    assert ref["actor/pg_clipfrac"] > 0 and (grad == 0).any() and (grad != 0).any()  # DCPO's bounds bind
+    # and they are not the fixed clip's: verl's vanilla (0.2, 0.28) on the same tensors cuts other tokens
+    _, fixed_grad, _ = call("vanilla", actor_config("vanilla", lo=EPS_LOW, hi=EPS_MAX, agg="token-mean", rollout_n=K),
+                            old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(), mask)
+    assert not torch.equal(fixed_grad == 0, grad == 0)
+    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
+    for key, value in verl_sums.items():
+        if not key.startswith("dual"):
+            assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_a_peer_trl_cannot_run_or_at_sequence_level_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="peer='bapo' is not a peer this TRL loss can run; choose one of dcpo"):
+        trl_args(tmp_path, peer="bapo")
+    with pytest.raises(ValueError, match="set importance_sampling_level='token'"):
+        trl_args(tmp_path, peer="dcpo", importance_sampling_level="sequence")
