@@ -67,6 +67,7 @@ from gapo.exploration import (
     row_entropy_sums,
 )
 from gapo.groups import GroupStatistics, group_metrics, group_statistics
+from gapo.peers.builtin import cut_fraction, cut_terms
 from gapo.peers.dcpo import dcpo_ratio_bounds
 from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import adaptive_eps_high, rollout_eps_high
@@ -76,11 +77,11 @@ CLIP_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # Why the others are refused: epsilon means something else there, or there is no clip.
 OTHER_LOSS_TYPES = {
     "cispo": "epsilon_high is a cap on the importance weight itself (e.g. 5.0), not 1 + a clip",
-    "sapo": "a soft gate with temperatures, no clip",
+    "sapo": "a soft gate with temperatures, no clip; run it as a peer with its diagnostics: peer='sapo'",
     "vespo": "gamma-weighted importance weights, no clip",
 }
 # The ported peers (docs/peers.md) that can replace GAPO's bounds in TRL's clamp (GAPOTRLConfig.peer); token level
-TRL_PEERS = ("dcpo",)
+TRL_PEERS = ("dcpo", "sapo")
 NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY = "gapo_num_correct", "gapo_group_size", "gapo_success"
 STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 _CAPTURE = object()  # marks "keep the next log-probs and entropies TRL computes" (the loss's own forward pass)
@@ -188,9 +189,11 @@ class GAPOTRLConfig(GRPOConfig):
             its defaults. Held as an ExplorationConfig after construction. The knobs: `entrance_tokens` (m, a first
             move's length), `entrance_until_newline`, `coverage_window` (W, in generation batches),
             `coverage_threshold` (a prompt is covered when its c / k is above it).
-        peer: None (GAPO), or a ported peer whose bounds replace GAPO's in TRL's clamp (TRL_PEERS; docs/peers.md):
-            "dcpo" (`gapo.peers.dcpo`: eps_low = `epsilon`, eps_high = eps_high_max; token level). TRL has no dual
-            clip, so DCPO's (for A < 0) is not applied here.
+        peer: None (GAPO), or a peer run in GAPO's place with the same diagnostics (TRL_PEERS; docs/peers.md):
+            "dcpo" (`gapo.peers.dcpo`'s bounds in TRL's clamp: eps_low = `epsilon`, eps_high = eps_high_max; token
+            level; TRL has no dual clip, so DCPO's for A < 0 is not applied here), or "sapo" (TRL's own
+            `loss_type="sapo"`, unchanged; its diagnostics count the share of the gradient its gate removes,
+            `gapo.peers.builtin`).
 
     Precision: TRL resolves an unset `bf16` to True (bf16 autocast). On CPU (`on_cpu`: `use_cpu`, or no CUDA, XPU or
     MPS device) an unset `bf16` is False here instead: CPU autocast runs every matmul in bf16, through a scalar GEMM on
@@ -212,9 +215,9 @@ class GAPOTRLConfig(GRPOConfig):
     )
     peer: str | None = field(
         default=None,
-        metadata={"help": "a ported peer's clip rule in place of GAPO's (docs/peers.md): 'dcpo' (token ratio bounds "
-                          "from each token's old probability, epsilon and eps_high_max its epsilons; token level); "
-                          "null: GAPO. The per-c diagnostics are logged for it as for GAPO."},
+        metadata={"help": "a peer in GAPO's place (docs/peers.md): 'dcpo' (token ratio bounds from each token's old "
+                          "probability, epsilon and eps_high_max its epsilons; token level) or 'sapo' (TRL's "
+                          "loss_type='sapo'); null: GAPO. The per-c diagnostics are logged for it as for GAPO."},
     )
     exploration: dict | str | None = field(
         default=None,
@@ -237,7 +240,9 @@ class GAPOTRLConfig(GRPOConfig):
         super().__post_init__()
         self.gapo = gapo_settings(self.gapo)
         self.exploration = exploration_settings(self.exploration)
-        if self.loss_type not in CLIP_LOSS_TYPES:
+        if self.peer == "sapo" and self.loss_type != "sapo":
+            raise ValueError(f"peer='sapo' is TRL's own SAPO loss: set loss_type='sapo' (got {self.loss_type!r})")
+        if self.loss_type not in CLIP_LOSS_TYPES and not (self.peer == "sapo" and self.loss_type == "sapo"):
             why = OTHER_LOSS_TYPES.get(self.loss_type, "not a clipped loss of TRL 1.16.0")
             raise ValueError(
                 f"loss_type={self.loss_type!r} cannot carry GAPO's clip ({why}); use one of {', '.join(CLIP_LOSS_TYPES)}"
@@ -492,7 +497,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._gapo_forward is _CAPTURE:
             self._gapo_forward = (out[0].detach(), None if out[1] is None else out[1].detach())
-            if self._gapo_peer is not None:  # DCPO: bounds from the old probabilities, into TRL's clamp
+            if self._gapo_peer is not None and self.peer == "dcpo":  # bounds from the old probabilities
                 old = self._gapo_peer["old"]
                 old = out[0].detach() if old is None else old  # on-policy: TRL's old log-probs are these
                 lower, upper = dcpo_ratio_bounds(old, *self.gapo_clips)
@@ -529,8 +534,10 @@ class GAPOGRPOTrainer(GRPOTrainer):
             logps, entropies = forward
             old = inputs.get("old_per_token_logps")
             old = logps if old is None else old
-            if peer is not None:  # the diagnostics' headroom: the mean of upper - 1 over each completion's tokens
+            if self.peer == "dcpo":  # the diagnostics' headroom: the mean of upper - 1 over each completion's tokens
                 eps_high = ((peer["upper"] - 1) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+            elif self.peer == "sapo":  # no bound: no headroom
+                eps_high = torch.zeros_like(advantage_sum)
             self._record_sums(logps, old, entropies, per_token_adv, mask, inputs, adaptive, eps_high, advantage_sum,
                               peer)
         return loss
@@ -544,7 +551,11 @@ class GAPOGRPOTrainer(GRPOTrainer):
         with torch.no_grad():
             pieces = []
             if self.gapo.diagnostics:
-                if peer is not None:  # the peer's per-token bounds; TRL has no dual clip
+                if self.peer == "sapo":  # the share of each token's gradient TRL's soft gate removed
+                    cut = cut_fraction("sapo", logps, old_logps, advantages, 0.0, 0.0,
+                                       self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)
+                    terms = cut_terms(cut, logps, old_logps, mask)
+                elif peer is not None:  # the peer's per-token bounds; TRL has no dual clip
                     terms = bounded_token_surrogate(logps, old_logps, advantages, mask, peer["lower"], peer["upper"],
                                                     clip_ratio_c=float("inf"))
                 else:

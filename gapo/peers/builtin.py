@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from gapo.surrogate import SurrogateTerms
+
 # verl 0.9.1 loss mode -> what its cut fraction measures (docs/peers.md)
 BUILTIN_PEERS = {
     "cispo": "importance weight clipped (gradient kept)",
@@ -64,3 +66,19 @@ def cut_fraction(peer: str, log_prob: torch.Tensor, old_log_prob: torch.Tensor, 
             kl = q * (old_log_prob - log_prob) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
             valid = torch.where(adv > 0, (kl <= eps_high) | (p <= q), (kl <= eps_low) | (p >= q))
         return (~valid).float()
+
+
+def cut_terms(cut: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor,
+              mask: torch.Tensor) -> SurrogateTerms:
+    """The `SurrogateTerms` GAPO's diagnostics read, for a loss computed elsewhere (verl's or TRL's): per rollout, the
+    cut summed over real tokens where a clip's clipped tokens go, the log-ratio (clamped at +-20, as the losses clamp
+    it) and |r - 1| summed, no dual clip. `loss` holds the cut (there is no loss matrix here); all detached."""
+    with torch.no_grad():
+        mask = mask.float()
+        log_ratio = torch.clamp(log_prob.detach().float() - old_log_prob.float(), min=-20.0, max=20.0)
+        ratio = torch.exp(log_ratio)
+        tokens = mask.sum(-1)
+        return SurrogateTerms(loss=cut, ratio=ratio, clipped=cut > 0, tokens=tokens,
+                              clipped_tokens=(cut * mask).sum(-1), dual_clipped_tokens=torch.zeros_like(tokens),
+                              log_ratio_sum=(log_ratio * mask).sum(-1),
+                              ratio_dev_sum=((ratio - 1).abs() * mask).sum(-1))

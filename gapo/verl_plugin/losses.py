@@ -48,14 +48,9 @@ from gapo.clip_diagnostics import BATCH_FIELDS, SUMS_PREFIX, batch_sums, diagnos
 from gapo.config import GAPOConfig
 from gapo.peers import PEER_LOSS_MODES
 from gapo.peers.bapo import BAPO_METRICS, bapo_bounds, torch_all_reduce
-from gapo.peers.builtin import BUILTIN_PEERS, DIAGNOSED_SUFFIX, builtin_clips, cut_fraction
+from gapo.peers.builtin import BUILTIN_PEERS, DIAGNOSED_SUFFIX, builtin_clips, cut_fraction, cut_terms
 from gapo.peers.dcpo import dcpo_ratio_bounds
-from gapo.surrogate import (
-    SurrogateTerms,
-    bounded_token_surrogate,
-    sequence_clipped_surrogate,
-    token_clipped_surrogate,
-)
+from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import rollout_eps_high
 from gapo.verl_plugin.config import resolve_gapo_clips
 
@@ -352,12 +347,7 @@ def _diagnosed_builtin_loss(peer, old_log_prob, log_prob, advantages, response_m
         eps_low, eps_high = builtin_clips(config)
         cut = cut_fraction(peer, log_prob, old_log_prob, advantages, eps_low, eps_high,
                            config.get("tau_pos", 1.0), config.get("tau_neg", 1.05))
-        log_ratio = torch.clamp(log_prob.detach().float() - old_log_prob.float(), min=-20.0, max=20.0)
-        ratio = torch.exp(log_ratio)
-        tokens = mask.sum(-1)
-        terms = SurrogateTerms(loss=cut, ratio=ratio, clipped=cut > 0, tokens=tokens,
-                               clipped_tokens=(cut * mask).sum(-1), dual_clipped_tokens=torch.zeros_like(tokens),
-                               log_ratio_sum=(log_ratio * mask).sum(-1), ratio_dev_sum=((ratio - 1).abs() * mask).sum(-1))
+        terms = cut_terms(cut, log_prob, old_log_prob, mask)
         advantage_sum = (advantages.float() * mask).sum(-1)
         adaptive = stats.success & (advantage_sum > 0)
         headroom = torch.full_like(advantage_sum, 0.0 if peer == "sapo" else float(eps_high))
@@ -365,7 +355,7 @@ def _diagnosed_builtin_loss(peer, old_log_prob, log_prob, advantages, response_m
         flat = diagnostic_sums(terms, stats.num_correct, stats.group_size, adaptive, headroom, advantage_sum,
                                max_count).tolist()
     if stats.rows is not None:
-        stats.rows.update(adaptive=adaptive, eps_high=headroom, tokens=tokens, clipped=terms.clipped_tokens,
+        stats.rows.update(adaptive=adaptive, eps_high=headroom, tokens=terms.tokens, clipped=terms.clipped_tokens,
                           ratio_dev=terms.ratio_dev_sum, advantage=advantage_sum)
     stats.sums.update({f"{SUMS_PREFIX}/{name}": value for name, value in named_sums(flat, max_count).items()})
     return pg_loss, metrics

@@ -68,3 +68,34 @@ def test_a_peer_trl_cannot_run_or_at_sequence_level_is_refused(tmp_path):
         trl_args(tmp_path, peer="bapo")
     with pytest.raises(ValueError, match="set importance_sampling_level='token'"):
         trl_args(tmp_path, peer="dcpo", importance_sampling_level="sequence")
+
+
+def test_trls_own_sapo_as_a_peer_reports_the_diagnosed_verl_sums(loss_trainer, monkeypatch):  # noqa: F811
+    # TRL's loss_type='sapo' and verl's sapo are the same rule at the same temperatures (1.0, 1.05) and aggregation
+    # (per-sequence token means, then their mean): the loss, the gradient and verl's sapo_diagnosed sums agree
+    trainer = loss_trainer
+    monkeypatch.setattr(trainer, "importance_sampling_level", "token")
+    monkeypatch.setattr(trainer, "loss_type", "sapo")
+    monkeypatch.setattr(trainer, "peer", "sapo")
+    trainer._gapo_sums["train"].clear()
+    old, new, adv, mask, stats = _case()
+    loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
+    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode="seq-mean-token-mean",
+                             policy_loss=GAPOPolicyLossConfig(loss_mode="sapo_diagnosed", eps_high_max=EPS_MAX))
+    ref_loss, ref_grad, ref = call("sapo_diagnosed", config, old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(),
+                                   mask, stats[NUM_CORRECT_KEY], stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
+    assert verl_sums["c1/clipped"] > 0  # the gate removed some of the success's gradient
+    for key, value in verl_sums.items():
+        assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_sapo_needs_trls_sapo_loss_and_trls_sapo_needs_the_peer(tmp_path):
+    with pytest.raises(ValueError, match="peer='sapo' is TRL's own SAPO loss: set loss_type='sapo'"):
+        trl_args(tmp_path, peer="sapo")
+    with pytest.raises(ValueError, match="run it as a peer with its diagnostics: peer='sapo'"):
+        trl_args(tmp_path, loss_type="sapo")
+    assert trl_args(tmp_path, peer="sapo", loss_type="sapo").peer == "sapo"
