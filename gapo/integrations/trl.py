@@ -68,6 +68,7 @@ from gapo.exploration import (
 )
 from gapo.groups import GroupStatistics, group_metrics, group_statistics
 from gapo.peers.builtin import cut_fraction, cut_terms
+from gapo.peers.bapo import BAPOConfig, bapo_bounds
 from gapo.peers.dcpo import dcpo_ratio_bounds
 from gapo.surrogate import bounded_token_surrogate, sequence_clipped_surrogate, token_clipped_surrogate
 from gapo.threshold import adaptive_eps_high, rollout_eps_high
@@ -81,7 +82,7 @@ OTHER_LOSS_TYPES = {
     "vespo": "gamma-weighted importance weights, no clip",
 }
 # The ported peers (docs/peers.md) that can replace GAPO's bounds in TRL's clamp (GAPOTRLConfig.peer); token level
-TRL_PEERS = ("dcpo", "sapo")
+TRL_PEERS = ("dcpo", "bapo", "sapo")
 NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY = "gapo_num_correct", "gapo_group_size", "gapo_success"
 STAT_KEYS = (NUM_CORRECT_KEY, GROUP_SIZE_KEY, SUCCESS_KEY)
 _CAPTURE = object()  # marks "keep the next log-probs and entropies TRL computes" (the loss's own forward pass)
@@ -90,55 +91,52 @@ GROUP_METRICS = ("mixed_frac", "all_correct_frac", "all_wrong_frac", "success_ra
 EPS_HIGH_MEAN, EPS_HIGH_MIN, EPS_HIGH_MAX = "gapo/eps_high/mean", "gapo/eps_high/min", "gapo/eps_high/max"
 
 
-def gapo_settings(value) -> GAPOConfig:
-    """A GAPOConfig from what `GAPOTRLConfig.gapo` may hold: a GAPOConfig, a dict of its fields, a JSON string of one
-    (what a command line gives), or None (the defaults). Raises ValueError naming the bad value and the valid keys."""
-    if isinstance(value, GAPOConfig):
-        return value
+def _settings(value, cls, key: str, qualname: str, example: str, what: str, prefix_errors: bool):
+    """A `cls` from what a `GAPOTRLConfig.<key>` field may hold: a `cls`, a dict of its fields, a JSON string of one
+    (what a command line gives), or None (its defaults). ValueError names the bad value, the valid keys or the fix."""
     if value is None:
-        return GAPOConfig()
+        return cls()
+    if isinstance(value, cls):
+        if hasattr(value, "validate"):
+            value.validate()  # a dataclass can be changed after construction
+        return value
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as err:
-            raise ValueError(f"GAPOTRLConfig.gapo={value!r} is not JSON ({err}); pass e.g. "
-                             "'{\"eps_high_max\": 0.28, \"schedule\": \"linear\"}' or a gapo.GAPOConfig") from None
+            raise ValueError(f"GAPOTRLConfig.{key}={value!r} is not JSON ({err}); pass e.g. '{example}' or a "
+                             f"{qualname}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"GAPOTRLConfig.gapo={value!r}: pass a gapo.GAPOConfig, a dict of its fields or a JSON string")
-    known = [f.name for f in fields(GAPOConfig)]
+        raise ValueError(f"GAPOTRLConfig.{key}={value!r}: pass a {qualname}, a dict of its fields or a JSON string")
+    known = [f.name for f in fields(cls)]
     unknown = sorted(set(value) - set(known))
     if unknown:
-        raise ValueError(f"GAPOTRLConfig.gapo has unknown keys {unknown}; GAPO's settings are {known}")
+        raise ValueError(f"GAPOTRLConfig.{key} has unknown keys {unknown}; {what} are {known}")
+    if not prefix_errors:
+        return cls(**value)  # its ValueError names the key, the value and the fix
     try:
-        return GAPOConfig(**value)
+        return cls(**value)
     except ValueError as err:
-        raise ValueError(f"GAPOTRLConfig.gapo: {err}") from None
+        raise ValueError(f"GAPOTRLConfig.{key}: {err}") from None
+
+
+def gapo_settings(value) -> GAPOConfig:
+    """A GAPOConfig from what `GAPOTRLConfig.gapo` may hold (`_settings`)."""
+    return _settings(value, GAPOConfig, "gapo", "gapo.GAPOConfig",
+                     '{"eps_high_max": 0.28, "schedule": "linear"}', "GAPO's settings", prefix_errors=True)
 
 
 def exploration_settings(value) -> ExplorationConfig:
-    """An ExplorationConfig from what `GAPOTRLConfig.exploration` may hold: an ExplorationConfig, a dict of its fields,
-    a JSON string of one, or None (the defaults). Raises ValueError: a bad value with ExplorationConfig's message
-    (`exploration.<key>=<value>` and the fix), unknown keys with the valid ones."""
-    if value is None:
-        return ExplorationConfig()
-    if isinstance(value, ExplorationConfig):
-        value.validate()  # a dataclass can be changed after construction
-        return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"GAPOTRLConfig.exploration={value!r} is not JSON ({err}); pass e.g. "
-                             "'{\"entrance_tokens\": 8, \"coverage_window\": 20}' or a gapo.exploration."
-                             "ExplorationConfig") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"GAPOTRLConfig.exploration={value!r}: pass a gapo.exploration.ExplorationConfig, a dict of "
-                         "its fields or a JSON string")
-    known = [f.name for f in fields(ExplorationConfig)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ValueError(f"GAPOTRLConfig.exploration has unknown keys {unknown}; the exploration settings are {known}")
-    return ExplorationConfig(**value)  # its ValueError names exploration.<key>, the value and the fix
+    """An ExplorationConfig from what `GAPOTRLConfig.exploration` may hold (`_settings`; a bad value gets
+    ExplorationConfig's message: `exploration.<key>=<value>` and the fix)."""
+    return _settings(value, ExplorationConfig, "exploration", "gapo.exploration.ExplorationConfig",
+                     '{"entrance_tokens": 8, "coverage_window": 20}', "the exploration settings", prefix_errors=False)
+
+
+def bapo_settings(value) -> BAPOConfig:
+    """A BAPOConfig from what `GAPOTRLConfig.bapo` may hold (`_settings`; BAPOConfig's message names the key)."""
+    return _settings(value, BAPOConfig, "bapo", "gapo.peers.bapo.BAPOConfig", '{"bapo_rho": 0.5}', "BAPO's settings",
+                     prefix_errors=False)
 
 
 def resolve_trl_clips(args: GRPOConfig, settings: GAPOConfig) -> tuple[float, float]:
@@ -191,7 +189,9 @@ class GAPOTRLConfig(GRPOConfig):
             `coverage_threshold` (a prompt is covered when its c / k is above it).
         peer: None (GAPO), or a peer run in GAPO's place with the same diagnostics (TRL_PEERS; docs/peers.md):
             "dcpo" (`gapo.peers.dcpo`'s bounds in TRL's clamp: eps_low = `epsilon`, eps_high = eps_high_max; token
-            level; TRL has no dual clip, so DCPO's for A < 0 is not applied here), or "sapo" (TRL's own
+            level; TRL has no dual clip, so DCPO's for A < 0 is not applied here), "bapo" (`gapo.peers.bapo`'s bounds
+            for each micro-batch, its sums reduced over the processes, settings from `bapo`; token level; no dual
+            clip either), or "sapo" (TRL's own
             `loss_type="sapo"`, unchanged; its diagnostics count the share of the gradient its gate removes,
             `gapo.peers.builtin`).
 
@@ -218,6 +218,11 @@ class GAPOTRLConfig(GRPOConfig):
         metadata={"help": "a peer in GAPO's place (docs/peers.md): 'dcpo' (token ratio bounds from each token's old "
                           "probability, epsilon and eps_high_max its epsilons; token level) or 'sapo' (TRL's "
                           "loss_type='sapo'); null: GAPO. The per-c diagnostics are logged for it as for GAPO."},
+    )
+    bapo: dict | str | None = field(
+        default=None,
+        metadata={"help": "BAPO's settings for peer='bapo' (gapo.peers.bapo.BAPOConfig): a JSON object such as "
+                          "'{\"bapo_rho\": 0.5, \"bapo_upper_max\": 3.0}'; null for BAPO's paper's values."},
     )
     exploration: dict | str | None = field(
         default=None,
@@ -252,9 +257,10 @@ class GAPOTRLConfig(GRPOConfig):
         if self.peer is not None and self.peer not in TRL_PEERS:
             raise ValueError(f"peer={self.peer!r} is not a peer this TRL loss can run; choose one of "
                              f"{', '.join(TRL_PEERS)}, or null for GAPO (docs/peers.md)")
-        if self.peer == "dcpo" and self.importance_sampling_level != "token":
-            raise ValueError("peer='dcpo' bounds each token by its own old probability: set "
-                             f"importance_sampling_level='token' (got {self.importance_sampling_level!r})")
+        if self.peer in ("dcpo", "bapo") and self.importance_sampling_level != "token":
+            raise ValueError(f"peer={self.peer!r} clips token ratios: set importance_sampling_level='token' (got "
+                             f"{self.importance_sampling_level!r})")
+        self.bapo = bapo_settings(self.bapo)
         if self.gapo.mask_truncated:
             raise ValueError("gapo.mask_truncated is the verl trainer's overlong filter; with TRL set "
                              "mask_truncated_completions=True instead (and leave gapo.mask_truncated False)")
@@ -280,6 +286,8 @@ class GAPOTRLConfig(GRPOConfig):
             out["gapo"] = asdict(self.gapo)
         if isinstance(self.exploration, ExplorationConfig):
             out["exploration"] = asdict(self.exploration)
+        if isinstance(self.bapo, BAPOConfig):
+            out["bapo"] = asdict(self.bapo)
         return out
 
 
@@ -497,11 +505,20 @@ class GAPOGRPOTrainer(GRPOTrainer):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._gapo_forward is _CAPTURE:
             self._gapo_forward = (out[0].detach(), None if out[1] is None else out[1].detach())
-            if self._gapo_peer is not None and self.peer == "dcpo":  # bounds from the old probabilities
-                old = self._gapo_peer["old"]
-                old = out[0].detach() if old is None else old  # on-policy: TRL's old log-probs are these
-                lower, upper = dcpo_ratio_bounds(old, *self.gapo_clips)
-                self._gapo_peer.update(old=old, lower=lower, upper=upper)
+            if self._gapo_peer is not None and self.peer in ("dcpo", "bapo"):  # the peer's bounds, from this pass
+                peer = self._gapo_peer
+                old = out[0].detach() if peer["old"] is None else peer["old"]  # on-policy: TRL's old log-probs
+                if self.peer == "dcpo":
+                    lower, upper = dcpo_ratio_bounds(old, *self.gapo_clips)
+                else:
+                    ratio = torch.exp(out[0].detach() - old)
+
+                    def reduce(t):
+                        t.copy_(self.accelerator.reduce(t, reduction="sum"))
+
+                    low, high, _ = bapo_bounds(ratio, peer["advantages"], peer["mask"], self.args.bapo, reduce)
+                    lower, upper = low.expand_as(ratio), high.expand_as(ratio)
+                peer.update(old=old, lower=lower, upper=upper)
                 self.epsilon_low, self.epsilon_high = 1 - lower, upper - 1
         return out
 
@@ -522,7 +539,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
             self.epsilon_high = eps_high.unsqueeze(-1)  # (B, 1): one bound per completion, over its tokens
         else:  # the peer's bounds are set by the forward pass (`_get_per_token_logps_and_entropies`)
             adaptive = inputs[SUCCESS_KEY].to(torch.bool) & (advantage_sum > 0)
-            self._gapo_peer = {"old": inputs.get("old_per_token_logps")}
+            self._gapo_peer = {"old": inputs.get("old_per_token_logps"), "advantages": per_token_adv, "mask": mask}
         self._gapo_forward = _CAPTURE
         try:
             loss = super()._compute_loss(model, inputs)
@@ -534,7 +551,7 @@ class GAPOGRPOTrainer(GRPOTrainer):
             logps, entropies = forward
             old = inputs.get("old_per_token_logps")
             old = logps if old is None else old
-            if self.peer == "dcpo":  # the diagnostics' headroom: the mean of upper - 1 over each completion's tokens
+            if self.peer in ("dcpo", "bapo"):  # the diagnostics' headroom: the mean of upper - 1 over its tokens
                 eps_high = ((peer["upper"] - 1) * mask).sum(-1) / mask.sum(-1).clamp_min(1)
             elif self.peer == "sapo":  # no bound: no headroom
                 eps_high = torch.zeros_like(advantage_sum)

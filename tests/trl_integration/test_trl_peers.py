@@ -64,8 +64,8 @@ def test_dcpo_through_trl_equals_the_verl_plugins_dcpo(loss_trainer, monkeypatch
 
 
 def test_a_peer_trl_cannot_run_or_at_sequence_level_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="peer='bapo' is not a peer this TRL loss can run; choose one of dcpo"):
-        trl_args(tmp_path, peer="bapo")
+    with pytest.raises(ValueError, match="peer='cispo' is not a peer this TRL loss can run; choose one of dcpo, bapo"):
+        trl_args(tmp_path, peer="cispo")
     with pytest.raises(ValueError, match="set importance_sampling_level='token'"):
         trl_args(tmp_path, peer="dcpo", importance_sampling_level="sequence")
 
@@ -99,3 +99,39 @@ def test_sapo_needs_trls_sapo_loss_and_trls_sapo_needs_the_peer(tmp_path):
     with pytest.raises(ValueError, match="run it as a peer with its diagnostics: peer='sapo'"):
         trl_args(tmp_path, loss_type="sapo")
     assert trl_args(tmp_path, peer="sapo", loss_type="sapo").peer == "sapo"
+
+
+def test_bapo_through_trl_equals_the_verl_plugins_bapo(loss_trainer, monkeypatch):  # noqa: F811
+    from gapo.peers.bapo import BAPOConfig, bapo_bounds
+
+    trainer = loss_trainer
+    monkeypatch.setattr(trainer, "importance_sampling_level", "token")
+    monkeypatch.setattr(trainer, "loss_type", "bnpo")
+    monkeypatch.setattr(trainer, "peer", "bapo")
+    trainer._gapo_sums["train"].clear()
+    old, new, _, mask, stats = _case()
+    adv = torch.tensor([0.75, -0.45, -0.45])  # failures weigh more: the walk moves, to (0.9, 2.25)
+    per_token = adv.unsqueeze(-1).expand_as(mask).contiguous()
+    low, high, _ = bapo_bounds(torch.exp(new - old), per_token, mask, BAPOConfig())
+    assert (low.item(), high.item()) == pytest.approx((0.9, 2.25))
+    loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
+    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode="token-mean",
+                             policy_loss=GAPOPolicyLossConfig(loss_mode="bapo", eps_high_max=EPS_MAX))
+    ref_loss, ref_grad, ref = call("bapo", config, old, new, per_token, mask, stats[NUM_CORRECT_KEY],
+                                   stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
+    for key, value in verl_sums.items():
+        if not key.startswith("dual"):
+            assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_bapo_settings_come_from_the_bapo_field_and_bad_ones_name_the_key(tmp_path):
+    args = trl_args(tmp_path, peer="bapo", importance_sampling_level="token", bapo='{"bapo_rho": 0.6}')
+    assert args.bapo.bapo_rho == 0.6 and args.to_dict()["bapo"]["bapo_upper_max"] == 3.0
+    with pytest.raises(ValueError, match=r"bapo_rho=1.5: the positive share to reach"):
+        trl_args(tmp_path, peer="bapo", importance_sampling_level="token", bapo={"bapo_rho": 1.5})
+    with pytest.raises(ValueError, match=r"GAPOTRLConfig.bapo has unknown keys \['rho'\]; BAPO's settings are"):
+        trl_args(tmp_path, peer="bapo", importance_sampling_level="token", bapo={"rho": 0.5})
