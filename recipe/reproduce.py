@@ -137,6 +137,7 @@ TABLES = {
             Row("DPPO-Binary-TV (peer)", ("math/r1_1.5b_dppo_tv",), note=NOT_REPORTED),
             Row("DPPO-Binary-KL (peer)", ("math/r1_1.5b_dppo_kl",), note=NOT_REPORTED),
             Row("CISPO (peer)", ("math/r1_1.5b_cispo",), note=NOT_REPORTED),
+            Row("KL-Cov (peer)", ("math/r1_1.5b_kl_cov",), note=NOT_REPORTED),
             Row("Dr.GRPO", ("math/r1_1.5b_drgrpo",), note=NOT_REPORTED),
             Row("token-level focal F-GRPO", ("math/r1_1.5b_focal_grpo",), note=NOT_REPORTED),
         ),

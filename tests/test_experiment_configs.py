@@ -35,6 +35,7 @@ EXPECTED = {
     "math/r1_1.5b_dppo_tv": ("dppo_tv_diagnosed", 0.15, 0.15, "token-mean", "grpo", 24576),
     "math/r1_1.5b_dppo_kl": ("dppo_kl_diagnosed", 0.05, 0.05, "token-mean", "grpo", 24576),
     "math/r1_1.5b_cispo": ("cispo_diagnosed", 1.0, 4.0, "token-mean", "grpo", 24576),
+    "math/r1_1.5b_kl_cov": ("kl_cov_diagnosed", 7e-5, 3e-4, "token-mean", "grpo", 24576),
     "math/r1_1.5b_focal_gspo": ("gspo", 7e-5, 3e-4, "seq-mean-token-mean", "focal_grpo", 24576),
     "math/qwen_math_1.5b_gapo": ("gapo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),
     "math/qwen_math_1.5b_gspo": ("gspo", 3e-3, 5e-3, "seq-mean-token-mean", "grpo", 3072),

@@ -11,14 +11,16 @@ from gapo.peers.builtin import BUILTIN_PEERS, cut_fraction
 from gapo.verl_plugin.config import GAPOPolicyLossConfig
 from gapo.verl_plugin.losses import SUMS_PREFIX, group_stats_context
 
-CLIPS = {"cispo": (1.0, 4.0), "dppo_tv": (0.15, 0.15), "dppo_kl": (0.05, 0.05), "sapo": (0.2, 0.28)}
+CLIPS = {"cispo": (1.0, 4.0), "dppo_tv": (0.15, 0.15), "dppo_kl": (0.05, 0.05), "sapo": (0.2, 0.28),
+         "kl_cov": (0.2, 0.28)}
 
 
-def _config(peer, agg="token-mean"):
+def _config(peer, agg="token-mean", **policy_loss):
     lo, hi = CLIPS[peer]
     return FSDPActorConfig(strategy="fsdp2", rollout_n=4, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
                            clip_ratio_low=lo, clip_ratio_high=hi, loss_agg_mode=agg,
-                           policy_loss=GAPOPolicyLossConfig(loss_mode=f"{peer}_diagnosed", eps_high_max=hi))
+                           policy_loss=GAPOPolicyLossConfig(loss_mode=f"{peer}_diagnosed", eps_high_max=hi,
+                                                            **policy_loss))
 
 
 def _batch(seed, b=6, t=9, spread=0.8):
@@ -88,6 +90,19 @@ def test_sapos_cut_is_the_share_of_the_gradient_its_gate_removes():
     assert cut_fraction("sapo", torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 0.2, 0.28).item() == 0
 
 
+def test_kl_covs_tokens_are_exactly_those_whose_gradient_carries_its_penalty():
+    # verl's kl_cov: -A r on every token, plus ppo_kl_coef |log r| on the top kl_cov_ratio of tokens by covariance:
+    # its gradient differs from the plain -A r / n exactly on the tokens the cut marks (10 of the 44 real tokens)
+    old, new, adv, mask = _batch(9)
+    config = _config("kl_cov", kl_cov_ratio=0.25, ppo_kl_coef=1.0)
+    _, grad, _, _ = _call("kl_cov", config, old, new, adv, mask)
+    plain = -adv * torch.exp(new - old) * mask / mask.sum()
+    cut = cut_fraction("kl_cov", new, old, adv, 0.2, 0.28, mask=mask, kl_cov_ratio=0.25)
+    assert cut.sum().item() == int(mask.sum().item() * 0.25) and (cut * (1 - mask)).sum() == 0
+    differs = ~torch.isclose(grad, plain, rtol=1e-5, atol=1e-8)
+    assert torch.equal(differs, cut == 1)
+
+
 def test_cispo_per_c_sums_hand_computed():
     # a success of a c = 1 group at ratios 1.5 (inside CISPO's [0, 5]) and 6 (its weight clipped at 5); a success of a
     # c = 3 group at ratio 1; a failure whose clipped token counts nowhere in the per-c rows
@@ -104,7 +119,7 @@ def test_cispo_per_c_sums_hand_computed():
 
 
 def test_an_unmeasured_peer_and_a_missing_context_name_the_fix():
-    with pytest.raises(ValueError, match="the built-in peers measured: cispo, dppo_tv, dppo_kl, sapo"):
+    with pytest.raises(ValueError, match="the built-in peers measured: cispo, dppo_tv, dppo_kl, sapo, kl_cov"):
         cut_fraction("gpg", torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 0.2, 0.2)
     old = torch.zeros(1, 2)
     with pytest.raises(RuntimeError, match="GAPO loss 'sapo_diagnosed' got no per-rollout group statistics"):

@@ -13,6 +13,9 @@ update the peer's rule takes away, as a number in [0, 1] that the diagnostics su
               (A > 0), above eps_low while p < q (A <= 0) (gradient cut).
     sapo      1 - 4 s (1 - s), s = sigmoid(tau (r - 1)), tau = tau_pos for A > 0 and tau_neg otherwise: the share of
               the unclipped gradient -A r the soft gate removes (0 at r = 1, towards 1 far from it; no hard cut).
+    kl_cov    1 on the tokens KL-Cov penalises: the max(1, int(n kl_cov_ratio)) real tokens of largest
+              (A - mean A)(log pi - mean log pi) (torch.topk, as verl's), which get ppo_kl_coef |log r| added to their
+              loss (no cut: a pull back towards pi_old).
 
 eps_low and eps_high are verl's clip_ratio_low and clip_ratio_high (falling back to clip_ratio), as the losses read
 them. Shapes: (B, T) in, (B, T) float32 out, no gradient.
@@ -30,6 +33,7 @@ BUILTIN_PEERS = {
     "dppo_tv": "masked out by the probability-difference band (gradient cut)",
     "dppo_kl": "masked out by the binary-KL band (gradient cut)",
     "sapo": "share of the gradient the soft gate removes",
+    "kl_cov": "tokens given the KL penalty (largest log-prob / advantage covariance)",
 }
 DIAGNOSED_SUFFIX = "_diagnosed"
 
@@ -41,8 +45,10 @@ def builtin_clips(config) -> tuple[float, float]:
 
 
 def cut_fraction(peer: str, log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                 eps_low: float, eps_high: float, tau_pos: float = 1.0, tau_neg: float = 1.05) -> torch.Tensor:
+                 eps_low: float, eps_high: float, tau_pos: float = 1.0, tau_neg: float = 1.05,
+                 mask: torch.Tensor | None = None, kl_cov_ratio: float = 0.0002) -> torch.Tensor:
     """(B, T) float32 in [0, 1]: how much of each token's update `peer`'s rule takes away (module docstring).
+    `mask` (the real tokens) and `kl_cov_ratio` are kl_cov's only.
 
     Raises:
         ValueError: a peer not in BUILTIN_PEERS.
@@ -52,6 +58,8 @@ def cut_fraction(peer: str, log_prob: torch.Tensor, old_log_prob: torch.Tensor, 
                          f"{', '.join(BUILTIN_PEERS)}")
     with torch.no_grad():
         log_prob, old_log_prob, adv = log_prob.detach().float(), old_log_prob.float(), advantages.float()
+        if peer == "kl_cov":
+            return _kl_cov_tokens(log_prob, adv, mask if mask is not None else torch.ones_like(adv), kl_cov_ratio)
         if peer == "cispo" or peer == "sapo":
             ratio = torch.exp(torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0))
             if peer == "cispo":
@@ -66,6 +74,21 @@ def cut_fraction(peer: str, log_prob: torch.Tensor, old_log_prob: torch.Tensor, 
             kl = q * (old_log_prob - log_prob) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
             valid = torch.where(adv > 0, (kl <= eps_high) | (p <= q), (kl <= eps_low) | (p >= q))
         return (~valid).float()
+
+
+def _kl_cov_tokens(log_prob: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """(B, T) 1.0 on the tokens verl's kl_cov penalises (module docstring), 0 elsewhere."""
+    out = torch.zeros_like(adv)
+    valid = mask > 0
+    a, lp = adv[valid], log_prob[valid]
+    if a.numel() == 0:
+        return out
+    cov = (a - a.mean()) * (lp - lp.mean())
+    top = torch.topk(cov, max(1, int(a.numel() * ratio)), largest=True).indices
+    flat = out[valid]
+    flat[top] = 1.0
+    out[valid] = flat
+    return out
 
 
 def cut_terms(cut: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor,

@@ -333,7 +333,7 @@ def _diagnosed_builtin_loss(peer, old_log_prob, log_prob, advantages, response_m
     """verl's own `peer` loss (its registry's function: value, gradient and metrics unchanged), plus GAPO's per-c
     diagnostics of it: the clipped-token sums count what plays the clip's part in `peer`
     (`gapo.peers.builtin.cut_fraction`), over the same rollouts as GAPO's (successes with A > 0); the per-rollout
-    "eps_high" they report is the peer's configured clip_ratio_high (0 for sapo, which has none)."""
+    "eps_high" they report is the peer's configured clip_ratio_high (0 for sapo and kl_cov, which have none)."""
     mode = peer + DIAGNOSED_SUFFIX
     stats = _stats_in_context(mode, log_prob)
     settings = _gapo_settings(config, mode)
@@ -345,12 +345,14 @@ def _diagnosed_builtin_loss(peer, old_log_prob, log_prob, advantages, response_m
     with torch.no_grad():
         mask = response_mask.to(torch.float32)
         eps_low, eps_high = builtin_clips(config)
+        kl_cov_ratio = config.policy_loss.get("kl_cov_ratio", None)
         cut = cut_fraction(peer, log_prob, old_log_prob, advantages, eps_low, eps_high,
-                           config.get("tau_pos", 1.0), config.get("tau_neg", 1.05))
+                           config.get("tau_pos", 1.0), config.get("tau_neg", 1.05), mask,
+                           kl_cov_ratio if kl_cov_ratio is not None else 0.0002)
         terms = cut_terms(cut, log_prob, old_log_prob, mask)
         advantage_sum = (advantages.float() * mask).sum(-1)
         adaptive = stats.success & (advantage_sum > 0)
-        headroom = torch.full_like(advantage_sum, 0.0 if peer == "sapo" else float(eps_high))
+        headroom = torch.full_like(advantage_sum, 0.0 if peer in ("sapo", "kl_cov") else float(eps_high))
         max_count = stats.max_count if stats.max_count is not None else config.rollout_n
         flat = diagnostic_sums(terms, stats.num_correct, stats.group_size, adaptive, headroom, advantage_sum,
                                max_count).tolist()
