@@ -233,8 +233,20 @@ LOSS_MODE_KEY = "actor_rollout_ref.actor.policy_loss.loss_mode"
 
 
 def loss_mode_of(overrides: list[str], default: str = "gapo") -> str:
-    """The loss mode the overrides set (the last one wins), else `default` (smoke_cpu's)."""
-    modes = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0] == LOSS_MODE_KEY and "=" in o]
+    """The loss mode the overrides set, directly or through the `peer` group (`+peer=NAME`: that file of configs/peer/);
+    the last one wins; else `default` (smoke_cpu's)."""
+    import yaml
+
+    from gapo.config import BASE_CONFIG
+
+    modes = []
+    for override in overrides:
+        key, _, value = override.lstrip("+").partition("=")
+        if key == LOSS_MODE_KEY and value:
+            modes.append(value)
+        elif key == "peer" and (BASE_CONFIG.parents[1] / "peer" / f"{value}.yaml").is_file():  # else hydra says so
+            group = yaml.safe_load((BASE_CONFIG.parents[1] / "peer" / f"{value}.yaml").read_text())
+            modes.append(group["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"])
     return modes[-1] if modes else default
 
 

@@ -221,3 +221,32 @@ def test_deepcoder_runs_have_no_dual_clip_in_either_loss(name):
     # with verl's default the same token is capped at -A * 3: the setting is what turns the dual clip off
     default = token_clipped_surrogate(log_prob, old_log_prob, advantages, mask, 0.2, 0.28, 3.0)
     torch.testing.assert_close(default.loss, torch.tensor([[3.0]]))
+
+
+PEERS = sorted(p.stem for p in (CONFIGS / "peer").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("base", ["learn_cpu", "smoke_cpu"])
+@pytest.mark.parametrize("peer", PEERS)
+def test_every_peer_goes_onto_the_cpu_tasks_and_validates(peer, base):
+    # `make learn LEARN_ARGS="+peer=NAME"` (the real-model task) and `make smoke SMOKE_ARGS="+peer=NAME"`
+    cfg = _compose(base, [f"+peer={peer}"])
+    validate_gapo_config(cfg)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    math = omega_conf_to_dataclass(_compose(f"math/r1_1.5b_{peer}").actor_rollout_ref.actor)
+    # the peer's own settings wherever it goes: those of its math row
+    assert actor.policy_loss.loss_mode == math.policy_loss.loss_mode
+    assert actor.loss_agg_mode == math.loss_agg_mode
+    if peer not in ("bapo", "sapo", "kl_cov"):  # these use no clip_ratio_*: the base config's stay
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (math.clip_ratio_low, math.clip_ratio_high)
+
+
+def test_each_peer_has_its_math_row_built_from_its_group_file_and_a_diagnosed_loss_mode():
+    from gapo.peers import PEER_LOSS_MODES
+
+    assert len(PEERS) == 7
+    for peer in PEERS:
+        row = CONFIGS / "math" / f"r1_1.5b_{peer}.yaml"
+        assert f"- /peer/{peer} " in row.read_text(), row  # the math row takes the group's deltas, not a copy
+        actor = omega_conf_to_dataclass(_compose(f"math/r1_1.5b_{peer}").actor_rollout_ref.actor)
+        assert actor.policy_loss.loss_mode in PEER_LOSS_MODES, (peer, actor.policy_loss.loss_mode)

@@ -106,6 +106,8 @@ def test_the_loss_mode_is_read_from_the_overrides_the_last_one_winning():
     assert loss_mode_of([]) == "gapo" and loss_mode_of(["trainer.nnodes=1"]) == "gapo"
     assert loss_mode_of([f"{key}=bapo", "x=1", f"{key}=dcpo"]) == "dcpo"
     assert loss_mode_of([f"++{key}=bapo"]) == "bapo"
+    # through the peer group (a file of configs/peer/)
+    assert loss_mode_of(["+peer=sapo"]) == "sapo_diagnosed" and loss_mode_of(["+peer=dcpo", f"{key}=gapo"]) == "gapo"
 
 
 def test_a_resume_that_starts_over_is_rejected(ckpt):
