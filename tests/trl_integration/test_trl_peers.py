@@ -36,20 +36,38 @@ def _case():
     return old, new, adv, mask, stats
 
 
-def test_dcpo_through_trl_equals_the_verl_plugins_dcpo(loss_trainer, monkeypatch):  # noqa: F811
-    trainer = loss_trainer
+def _as_peer(trainer, monkeypatch, peer, loss_type):
+    """The module's trainer, token level, running `peer` with TRL's `loss_type`; its diagnostic sums cleared."""
     monkeypatch.setattr(trainer, "importance_sampling_level", "token")
-    monkeypatch.setattr(trainer, "loss_type", "bnpo")  # TRL's bnpo == verl's token-mean over the micro-batch
-    monkeypatch.setattr(trainer, "peer", "dcpo")
+    monkeypatch.setattr(trainer, "loss_type", loss_type)
+    monkeypatch.setattr(trainer, "peer", peer)
     trainer._gapo_sums["train"].clear()
+    return trainer
+
+
+def _verl(loss_mode, agg, old, new, adv, mask, stats):
+    """The verl plug-in's `loss_mode` on the same tensors (tests.test_gapo_loss.call): (loss, grad, its gapo_sums)."""
+    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode=agg,
+                             policy_loss=GAPOPolicyLossConfig(loss_mode=loss_mode, eps_high_max=EPS_MAX))
+    loss, grad, metrics = call(loss_mode, config, old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(), mask,
+                               stats[NUM_CORRECT_KEY], stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    sums = {key.split("/", 1)[1]: value for key, value in metrics.items() if key.startswith("gapo_sums/")}
+    return loss, grad, metrics, sums
+
+
+def _same_sums(trainer, verl_sums):
+    for key, value in verl_sums.items():
+        if not key.startswith("dual"):  # TRL has no dual clip
+            assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+
+
+def test_dcpo_through_trl_equals_the_verl_plugins_dcpo(loss_trainer, monkeypatch):  # noqa: F811
+    trainer = _as_peer(loss_trainer, monkeypatch, "dcpo", "bnpo")  # TRL's bnpo == verl's token-mean
     old, new, adv, mask, stats = _case()
     loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
     assert trainer.epsilon_high == EPS_MAX and trainer.epsilon_low == EPS_LOW  # restored after the loss
-    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
-                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode="token-mean",
-                             policy_loss=GAPOPolicyLossConfig(loss_mode="dcpo", eps_high_max=EPS_MAX))
-    ref_loss, ref_grad, ref = call("dcpo", config, old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(), mask,
-                                   stats[NUM_CORRECT_KEY], stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    ref_loss, ref_grad, ref, verl_sums = _verl("dcpo", "token-mean", old, new, adv, mask, stats)
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grad, ref_grad)
     assert ref["actor/pg_clipfrac"] > 0 and (grad == 0).any() and (grad != 0).any()  # DCPO's bounds bind
@@ -57,10 +75,7 @@ def test_dcpo_through_trl_equals_the_verl_plugins_dcpo(loss_trainer, monkeypatch
     _, fixed_grad, _ = call("vanilla", actor_config("vanilla", lo=EPS_LOW, hi=EPS_MAX, agg="token-mean", rollout_n=K),
                             old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(), mask)
     assert not torch.equal(fixed_grad == 0, grad == 0)
-    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
-    for key, value in verl_sums.items():
-        if not key.startswith("dual"):
-            assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+    _same_sums(trainer, verl_sums)
 
 
 def test_a_peer_trl_cannot_run_or_at_sequence_level_is_refused(tmp_path):
@@ -73,24 +88,14 @@ def test_a_peer_trl_cannot_run_or_at_sequence_level_is_refused(tmp_path):
 def test_trls_own_sapo_as_a_peer_reports_the_diagnosed_verl_sums(loss_trainer, monkeypatch):  # noqa: F811
     # TRL's loss_type='sapo' and verl's sapo are the same rule at the same temperatures (1.0, 1.05) and aggregation
     # (per-sequence token means, then their mean): the loss, the gradient and verl's sapo_diagnosed sums agree
-    trainer = loss_trainer
-    monkeypatch.setattr(trainer, "importance_sampling_level", "token")
-    monkeypatch.setattr(trainer, "loss_type", "sapo")
-    monkeypatch.setattr(trainer, "peer", "sapo")
-    trainer._gapo_sums["train"].clear()
+    trainer = _as_peer(loss_trainer, monkeypatch, "sapo", "sapo")
     old, new, adv, mask, stats = _case()
     loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
-    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
-                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode="seq-mean-token-mean",
-                             policy_loss=GAPOPolicyLossConfig(loss_mode="sapo_diagnosed", eps_high_max=EPS_MAX))
-    ref_loss, ref_grad, ref = call("sapo_diagnosed", config, old, new, adv.unsqueeze(-1).expand_as(mask).contiguous(),
-                                   mask, stats[NUM_CORRECT_KEY], stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    ref_loss, ref_grad, _, verl_sums = _verl("sapo_diagnosed", "seq-mean-token-mean", old, new, adv, mask, stats)
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grad, ref_grad)
-    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
     assert verl_sums["c1/clipped"] > 0  # the gate removed some of the success's gradient
-    for key, value in verl_sums.items():
-        assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+    _same_sums(trainer, verl_sums)
 
 
 def test_sapo_needs_trls_sapo_loss_and_trls_sapo_needs_the_peer(tmp_path):
@@ -104,28 +109,17 @@ def test_sapo_needs_trls_sapo_loss_and_trls_sapo_needs_the_peer(tmp_path):
 def test_bapo_through_trl_equals_the_verl_plugins_bapo(loss_trainer, monkeypatch):  # noqa: F811
     from gapo.peers.bapo import BAPOConfig, bapo_bounds
 
-    trainer = loss_trainer
-    monkeypatch.setattr(trainer, "importance_sampling_level", "token")
-    monkeypatch.setattr(trainer, "loss_type", "bnpo")
-    monkeypatch.setattr(trainer, "peer", "bapo")
-    trainer._gapo_sums["train"].clear()
+    trainer = _as_peer(loss_trainer, monkeypatch, "bapo", "bnpo")
     old, new, _, mask, stats = _case()
     adv = torch.tensor([0.75, -0.45, -0.45])  # failures weigh more: the walk moves, to (0.9, 2.25)
     per_token = adv.unsqueeze(-1).expand_as(mask).contiguous()
     low, high, _ = bapo_bounds(torch.exp(new - old), per_token, mask, BAPOConfig())
     assert (low.item(), high.item()) == pytest.approx((0.9, 2.25))
     loss, grad, _ = trl_loss(trainer, monkeypatch, old, new, adv, mask, stats)
-    config = FSDPActorConfig(strategy="fsdp2", rollout_n=K, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
-                             clip_ratio_low=EPS_LOW, clip_ratio_high=EPS_MAX, loss_agg_mode="token-mean",
-                             policy_loss=GAPOPolicyLossConfig(loss_mode="bapo", eps_high_max=EPS_MAX))
-    ref_loss, ref_grad, ref = call("bapo", config, old, new, per_token, mask, stats[NUM_CORRECT_KEY],
-                                   stats[GROUP_SIZE_KEY], stats[SUCCESS_KEY])
+    ref_loss, ref_grad, _, verl_sums = _verl("bapo", "token-mean", old, new, adv, mask, stats)
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grad, ref_grad)
-    verl_sums = {key.split("/", 1)[1]: value for key, value in ref.items() if key.startswith("gapo_sums/")}
-    for key, value in verl_sums.items():
-        if not key.startswith("dual"):
-            assert trainer._gapo_sums["train"][key] == pytest.approx(value, abs=1e-5), key
+    _same_sums(trainer, verl_sums)
 
 
 def test_bapo_settings_come_from_the_bapo_field_and_bad_ones_name_the_key(tmp_path):
